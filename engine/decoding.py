@@ -1,0 +1,168 @@
+"""The decoding loop: plain and speculative decoding are one generator.
+
+Each pass feeds the pending token plus the drafter's proposals to the target in one
+forward, accepts drafts by the lossless rule (:mod:`engine.acceptance`), emits the
+accepted tokens and one token of the target's own, and crops the target's cache back
+to what was kept. With no drafter (or ``k == 0``) a pass is one ordinary decoding
+step, so plain decoding is the same loop. The loop yields a :class:`Step` per pass;
+the caller streams, measures or stops by closing the generator.
+
+Cache invariant: before a pass the target's cache holds ``context[:-1]``; the last
+context token is fed at the start of the pass.
+"""
+
+import threading
+import time
+from collections.abc import Collection, Generator, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.acceptance import greedy_accept, speculative_accept
+from engine.drafters import EMPTY_DRAFT, Draft, Drafter
+from engine.protocol import SpeculationStats
+from engine.runner import ModelRunner
+from engine.sampling import SamplingParams, probabilities
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one target pass produced (tokens already cut at a stop token)."""
+
+    tokens: tuple[int, ...]
+    from_draft: tuple[bool, ...]  # True where the token was an accepted draft token
+    drafted: int
+    accepted: int
+    draft_s: float
+    verify_s: float
+    finish_reason: str | None = None  # "stop", "length", "cancelled" on the last step
+    forwarded: bool = True  # False for a closing step that ran no target pass
+
+    @classmethod
+    def closing(cls, reason: str) -> "Step":
+        return cls((), (), 0, 0, 0.0, 0.0, reason, forwarded=False)
+
+
+def verify(
+    logits: torch.Tensor, draft: Draft, params: SamplingParams, generator: torch.Generator
+) -> tuple[int, int]:
+    """Accept a prefix of ``draft`` against target ``logits`` ``[G+1, V]``.
+
+    Returns ``(n_accepted, next_token)``.
+    """
+    tokens = torch.tensor([draft.tokens], dtype=torch.long).reshape(1, len(draft))  # [1, G]
+    if params.greedy:
+        n, nxt = greedy_accept(logits.argmax(-1).unsqueeze(0), tokens)
+    else:
+        p = probabilities(logits, params).unsqueeze(0)  # [1, G+1, V]
+        q = None if draft.probs is None else draft.probs.unsqueeze(0)  # [1, G, V]
+        u = torch.rand(1, len(draft), generator=generator, dtype=torch.float64)
+        u_next = torch.rand(1, generator=generator, dtype=torch.float64)
+        q64 = None if q is None else q.double()
+        n, nxt = speculative_accept(p.double(), q64, tokens, u, u_next)
+    return int(n[0]), int(nxt[0])
+
+
+def make_generator(seed: int | None) -> torch.Generator:
+    generator = torch.Generator()
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator
+
+
+def decode(
+    target: ModelRunner,
+    prompt: Sequence[int],
+    *,
+    params: SamplingParams,
+    max_new_tokens: int,
+    max_context: int,
+    stop_ids: Collection[int] = (),
+    drafter: Drafter | None = None,
+    num_draft_tokens: int = 4,
+    cancel: threading.Event | None = None,
+) -> Generator[Step, None, None]:
+    """Generate after ``prompt`` (non-empty, shorter than ``max_context``), one pass per step."""
+    generator = make_generator(params.seed)
+    context = list(prompt)
+    target.sync(context[:-1])
+    produced = 0
+    while True:
+        if cancel is not None and cancel.is_set():
+            yield Step.closing("cancelled")
+            return
+        room = min(max_new_tokens - produced, max_context - len(context))
+        if room <= 0:
+            yield Step.closing("length")
+            return
+        t0 = time.perf_counter()
+        k = min(num_draft_tokens, room - 1) if drafter is not None else 0
+        draft = EMPTY_DRAFT
+        if drafter is not None and k > 0:
+            draft = drafter.propose(context, k, params, generator)
+        t1 = time.perf_counter()
+        logits = target.forward([context[-1], *draft.tokens], rows=len(draft) + 1)  # [G+1, V]
+        n, nxt = verify(logits, draft, params, generator)
+        target.truncate(len(context) + n)
+        t2 = time.perf_counter()
+        if drafter is not None and len(draft):
+            drafter.observe(context, len(draft), n)
+        tokens, flags = [*draft.tokens[:n], nxt], [True] * n + [False]
+        finish = None
+        for i, token in enumerate(tokens):
+            if token in stop_ids:
+                tokens, flags, finish = tokens[:i], flags[:i], "stop"
+                break
+        context += tokens
+        produced += len(tokens)
+        if finish is None and produced >= max_new_tokens:
+            finish = "length"
+        yield Step(tuple(tokens), tuple(flags), len(draft), n, t1 - t0, t2 - t1, finish)
+        if finish is not None:
+            return
+
+
+@dataclass
+class StatsRecorder:
+    """Accumulates :class:`Step` s into :class:`SpeculationStats`."""
+
+    method: str
+    enabled: bool
+    prompt_tokens: int
+    started: float = field(default_factory=time.perf_counter)
+    prefill_s: float = 0.0
+    first_token_at: float | None = None
+    passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    tokens: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    per_position: list[int] = field(default_factory=list)
+
+    def record(self, step: Step) -> None:
+        self.passes += step.forwarded
+        if step.tokens and self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        self.drafted += step.drafted
+        self.accepted += step.accepted
+        self.tokens += len(step.tokens)
+        self.draft_s += step.draft_s
+        self.verify_s += step.verify_s
+        if step.drafted > len(self.per_position):
+            self.per_position += [0] * (step.drafted - len(self.per_position))
+        for i in range(step.accepted):
+            self.per_position[i] += 1
+
+    def finish(self) -> SpeculationStats:
+        now = time.perf_counter()
+        ttft = None if self.first_token_at is None else self.first_token_at - self.started
+        return SpeculationStats(
+            method=self.method, enabled=self.enabled, prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.tokens, passes=self.passes, drafted=self.drafted,
+            accepted=self.accepted, accepted_per_position=tuple(self.per_position),
+            prefill_s=self.prefill_s, draft_s=self.draft_s, verify_s=self.verify_s,
+            total_s=now - self.started, time_to_first_token_s=ttft,
+        )

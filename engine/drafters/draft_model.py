@@ -1,0 +1,67 @@
+"""Drafting with a small model of the target's family (Leviathan et al. 2022).
+
+The draft model keeps its own KV cache across passes. Each ``propose`` syncs that
+cache to the context by its shared prefix (so rejected drafts are cropped away and
+accepted ones are reused), then samples ``k`` tokens one at a time with the same
+sampling processing as the target, returning their distributions ``q``.
+"""
+
+from collections.abc import Sequence
+
+import torch
+
+from engine.drafters import EMPTY_DRAFT, Draft
+from engine.models import LoadedModel
+from engine.runner import ModelRunner
+from engine.sampling import SamplingParams, probabilities, sample
+
+
+def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Truncate or pad (with -inf) the last axis of ``logits`` to ``vocab_size``."""
+    extra = vocab_size - logits.shape[-1]
+    if extra <= 0:
+        return logits[..., :vocab_size]
+    pad = torch.full((*logits.shape[:-1], extra), float("-inf"), dtype=logits.dtype)
+    return torch.cat([logits, pad], dim=-1)
+
+
+class DraftModelDrafter:
+    """Proposes tokens by sampling a smaller causal LM autoregressively."""
+
+    name = "draft"
+
+    def __init__(self, draft: LoadedModel, target_vocab_size: int) -> None:
+        self.loaded = draft
+        self.runner = ModelRunner(draft.model)
+        self.vocab_size = target_vocab_size
+
+    def propose(
+        self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator
+    ) -> Draft:
+        k = min(k, self.loaded.max_context - len(context))
+        if k <= 0 or not context:
+            return EMPTY_DRAFT
+        # Keep at least the last context token uncached so its logits come out.
+        self.runner.truncate(min(self.runner.common_prefix(context), len(context) - 1))
+        logits = self.runner.sync(context)
+        assert logits is not None
+        tokens: list[int] = []
+        qs: list[torch.Tensor] = []
+        for i in range(k):
+            row = fit_vocab(logits, self.vocab_size)  # [V]
+            if params.greedy:
+                token = int(row.argmax())
+            else:
+                q = probabilities(row, params)  # [V]
+                token = int(sample(q, generator))
+                qs.append(q)
+            tokens.append(token)
+            if i + 1 < k:
+                logits = self.runner.forward([token])[-1]
+        return Draft(tuple(tokens), torch.stack(qs) if qs else None)
+
+    def observe(self, context: Sequence[int], proposed: int, accepted: int) -> None:
+        del context, proposed, accepted  # the cache is re-synced by prefix on the next call
+
+    def reset(self) -> None:
+        self.runner.reset()

