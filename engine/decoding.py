@@ -13,7 +13,7 @@ context token is fed at the start of the pass.
 
 import threading
 import time
-from collections.abc import Collection, Generator, Iterator, Sequence
+from collections.abc import Collection, Generator, Sequence
 from dataclasses import dataclass, field
 
 import torch

@@ -1,0 +1,32 @@
+"""Shared fixtures: headless Qt, tiny random models, and the light real model."""
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+from pathlib import Path
+
+import pytest
+
+from tests.tiny import save_tiny
+
+LIGHT = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A saved tiny Llama with a real BPE tokenizer and chat template."""
+    return save_tiny(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def light_engine():  # type: ignore[no-untyped-def]
+    """ChatEngine on smollm2-135m-instruct (converted once into the data dir)."""
+    from engine.errors import ModelNotInstalledError
+    from engine.session import ChatEngine
+
+    try:
+        return ChatEngine.load(LIGHT)
+    except ModelNotInstalledError as exc:
+        pytest.fail(f"the light model is required by the test suite: {exc}")
