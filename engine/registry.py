@@ -188,6 +188,7 @@ def assemble(spec: ModelSpec, dest_dir: Path, progress: Progress | None = None) 
     if len(sources) == 1:
         check_file(sources[0], spec, progress)
         return sources[0]
+    dest_dir.mkdir(parents=True, exist_ok=True)
     target = dest_dir / spec.filename
     if target.exists():
         check_file(target, spec, progress)

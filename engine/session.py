@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 from engine.decoding import StatsRecorder, decode
@@ -182,7 +182,7 @@ class ChatEngine:
         method: str | None = None,
         num_draft_tokens: int | None = None,
         cancel: threading.Event | None = None,
-    ) -> Iterator[Event]:
+    ) -> Generator[Event, None, None]:
         """Answer ``messages``: yields :class:`TextChunk` s, then one :class:`Completion`."""
         return self.generate_ids(
             self.encode(messages), params, max_tokens=max_tokens, stop=stop, method=method,
@@ -199,11 +199,13 @@ class ChatEngine:
         method: str | None = None,
         num_draft_tokens: int | None = None,
         cancel: threading.Event | None = None,
-    ) -> Iterator[Event]:
+    ) -> Generator[Event, None, None]:
         """Like :meth:`generate` for an already tokenized prompt."""
         params = params or SamplingParams()
-        method = self.check_method(method or self.method)
-        k = self.check_num_draft_tokens(num_draft_tokens or self.num_draft_tokens)
+        method = self.check_method(self.method if method is None else method)
+        k = self.check_num_draft_tokens(
+            self.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
+        )
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise BadRequestError("max_tokens must be a positive integer")
         if not prompt or len(prompt) >= self.target.max_context:
@@ -223,7 +225,7 @@ class ChatEngine:
         method: str,
         k: int,
         cancel: threading.Event | None,
-    ) -> Iterator[Event]:
+    ) -> Generator[Event, None, None]:
         recorder = StatsRecorder(method, method != "off", len(prompt))
         self.runner.sync(prompt[:-1])
         recorder.prefill_s = time.perf_counter() - recorder.started

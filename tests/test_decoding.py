@@ -1,0 +1,182 @@
+"""The decoding loop on tiny random models: greedy equality, rollback, sampling."""
+
+import random
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from engine.decoding import decode
+from engine.drafters import Draft
+from engine.drafters.draft_model import DraftModelDrafter
+from engine.drafters.ngram import NgramDrafter
+from engine.drafters.suffix import SuffixDrafter
+from engine.models import LoadedModel
+from engine.runner import ModelRunner
+from engine.sampling import SamplingParams
+from tests.stats import matches
+from tests.tiny import tiny_model
+
+GREEDY = SamplingParams()
+
+
+def loaded(model: torch.nn.Module, name: str = "m") -> LoadedModel:
+    return LoadedModel(name, model, None, None, model.config.max_position_embeddings)
+
+
+def run(target: torch.nn.Module, prompt: Sequence[int], drafter=None, k: int = 4,  # type: ignore[no-untyped-def]
+        params: SamplingParams = GREEDY, n: int = 24, stop_ids: Sequence[int] = ()) -> list[int]:
+    runner = ModelRunner(target)
+    steps = decode(runner, prompt, params=params, max_new_tokens=n,
+                   max_context=target.config.max_position_embeddings, stop_ids=stop_ids,
+                   drafter=drafter, num_draft_tokens=k)
+    return [t for step in steps for t in step.tokens]
+
+
+def prompts(count: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        base = [rng.randrange(3, vocab) for _ in range(rng.randint(1, 12))]
+        out.append(base * rng.randint(1, 3))  # repeats give the lookup drafters something to find
+    return out
+
+
+class FixedDrafter:
+    """Proposes a given list of tokens once (for controlled rejections)."""
+
+    name = "fixed"
+
+    def __init__(self, tokens: Sequence[int]) -> None:
+        self.tokens = tuple(tokens)
+
+    def propose(self, context, k, params, generator):  # type: ignore[no-untyped-def]
+        out, self.tokens = self.tokens[:k], ()
+        return Draft(out)
+
+    def observe(self, context, proposed, accepted):  # type: ignore[no-untyped-def]
+        pass
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_greedy_speculative_equals_greedy_plain_for_every_drafter(kind: str) -> None:
+    vocab = 64
+    target = tiny_model(kind, vocab_size=vocab, seed=1, scale=4.0)
+    other = tiny_model(kind, vocab_size=vocab, seed=2, scale=4.0)
+    same = tiny_model(kind, vocab_size=vocab, seed=1, scale=4.0)
+    accepted_any = False
+    for i, prompt in enumerate(prompts(12, vocab, seed=10)):
+        plain = run(target, prompt, n=20)
+        drafters = [
+            DraftModelDrafter(loaded(other), vocab),
+            DraftModelDrafter(loaded(same), vocab),
+            NgramDrafter(),
+            SuffixDrafter([plain[: len(plain) // 2], prompt]),
+        ]
+        for drafter in drafters:
+            k = 1 + (i % 5)
+            assert run(target, prompt, drafter, k=k, n=20) == plain, (drafter.name, prompt, k)
+        accepted_any = True
+    assert accepted_any
+
+
+def test_draft_of_different_vocab_size_is_padded() -> None:
+    target = tiny_model("llama", vocab_size=64, seed=1, scale=4.0)
+    draft = tiny_model("llama", vocab_size=60, seed=1, scale=4.0)
+    prompt = [5, 6, 7, 8, 5, 6]
+    assert run(target, prompt, DraftModelDrafter(loaded(draft), 64)) == run(target, prompt)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_rollback_gives_the_logits_of_a_fresh_forward(kind: str) -> None:
+    target = tiny_model(kind, vocab_size=64, seed=3, scale=4.0)
+    prompt = [4, 9, 13, 22, 7]
+    plain = run(target, prompt, n=1)
+    wrong = [(plain[0] + 1) % 64, 5, 6, 7]  # the first draft token is rejected
+    runner = ModelRunner(target)
+    steps = decode(runner, prompt, params=GREEDY, max_new_tokens=8, max_context=256,
+                   drafter=FixedDrafter(wrong), num_draft_tokens=4)
+    step = next(steps)
+    assert step.accepted == 0 and step.tokens == (plain[0],)
+    accepted_prefix = [*prompt, *step.tokens]
+    assert runner.ids == accepted_prefix[:-1]
+    logits = runner.forward([accepted_prefix[-1]])[-1]
+    with torch.no_grad():
+        fresh = target(torch.tensor([accepted_prefix])).logits[0, -1]
+    torch.testing.assert_close(logits, fresh, rtol=0, atol=1e-10)
+
+
+def test_partial_acceptance_keeps_the_accepted_drafts_in_the_cache() -> None:
+    target = tiny_model("llama", vocab_size=64, seed=4, scale=4.0)
+    prompt = [4, 9, 13]
+    plain = run(target, prompt, n=4)
+    runner = ModelRunner(target)
+    draft = [plain[0], plain[1], (plain[2] + 1) % 64]
+    steps = decode(runner, prompt, params=GREEDY, max_new_tokens=8, max_context=256,
+                   drafter=FixedDrafter(draft), num_draft_tokens=3)
+    step = next(steps)
+    assert step.accepted == 2 and list(step.tokens) == plain[:3]
+    assert step.from_draft == (True, True, False)
+    assert runner.ids == [*prompt, plain[0], plain[1]]
+
+
+def test_stop_ids_end_the_answer_inside_a_pass() -> None:
+    target = tiny_model("llama", vocab_size=64, seed=5, scale=4.0)
+    prompt = [3, 4, 5, 3, 4, 5, 3, 4]
+    plain = run(target, prompt, n=12)
+    stop = plain[5]
+    cut = plain[: plain.index(stop)]
+    for drafter in (None, NgramDrafter(), SuffixDrafter([plain])):
+        assert run(target, prompt, drafter, n=12, stop_ids=[stop]) == cut
+
+
+def test_max_new_tokens_and_context_limit_are_respected() -> None:
+    target = tiny_model("llama", vocab_size=64, seed=6, scale=4.0, max_positions=40)
+    prompt = [7, 8, 9] * 10
+    for drafter in (None, SuffixDrafter([list(range(3, 60))])):
+        assert len(run(target, prompt, drafter, n=5)) == 5
+        tokens = run(target, prompt, drafter, n=100)
+        assert len(prompt) + len(tokens) == 40
+
+
+def test_sampling_is_seeded_and_deterministic() -> None:
+    target = tiny_model("llama", vocab_size=64, seed=7)
+    draft = tiny_model("llama", vocab_size=64, seed=8)
+    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=20, seed=1234)
+    prompt = [5, 6, 7]
+    a = run(target, prompt, DraftModelDrafter(loaded(draft), 64), params=params)
+    b = run(target, prompt, DraftModelDrafter(loaded(draft), 64), params=params)
+    c = run(target, prompt, DraftModelDrafter(loaded(draft), 64),
+            params=SamplingParams(temperature=1.0, top_p=0.9, top_k=20, seed=99))
+    assert a == b
+    assert a != c
+
+
+def _exact_two_token_distribution(model: torch.nn.Module, prompt: list[int]) -> torch.Tensor:
+    """P(t1, t2 | prompt) for a small vocabulary, flattened to ``[V * V]``."""
+    with torch.no_grad():
+        p1 = model(torch.tensor([prompt])).logits[0, -1].softmax(-1)  # [V]
+        vocab = p1.shape[0]
+        seqs = torch.tensor([[*prompt, t] for t in range(vocab)])
+        p2 = model(seqs).logits[:, -1].softmax(-1)  # [V, V]
+    return (p1[:, None] * p2).reshape(-1)
+
+
+def test_speculative_sampling_matches_plain_sampling_end_to_end() -> None:
+    vocab = 8
+    target = tiny_model("llama", vocab_size=vocab, seed=11, scale=3.0)
+    draft = tiny_model("llama", vocab_size=vocab, seed=12, scale=3.0)
+    prompt = [1, 2, 3]
+    exact = _exact_two_token_distribution(target, prompt)
+    drafter = DraftModelDrafter(loaded(draft), vocab)
+    counts = {"off": torch.zeros(vocab * vocab), "draft": torch.zeros(vocab * vocab)}
+    runner = ModelRunner(target)
+    for method, d in (("off", None), ("draft", drafter)):
+        for seed in range(1500):
+            params = SamplingParams(temperature=1.0, seed=seed)
+            steps = decode(runner, prompt, params=params, max_new_tokens=2, max_context=256,
+                           drafter=d, num_draft_tokens=2)
+            t1, t2 = [t for s in steps for t in s.tokens][:2]
+            counts[method][t1 * vocab + t2] += 1
+    assert matches(counts["off"], exact)
+    assert matches(counts["draft"], exact)

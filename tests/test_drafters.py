@@ -1,0 +1,67 @@
+"""Model-free drafters: prompt lookup and suffix lookup."""
+
+import numpy as np
+import torch
+
+from engine.drafters.ngram import NgramDrafter, ngram_lookup
+from engine.drafters.suffix import SuffixDrafter, SuffixIndex, frequent_path, match_lengths
+from engine.sampling import SamplingParams
+
+GREEDY = SamplingParams()
+GEN = torch.Generator()
+
+
+def arr(*xs: int) -> np.ndarray:
+    return np.asarray(xs, dtype=np.int64)
+
+
+def test_ngram_finds_the_longest_most_recent_match() -> None:
+    assert ngram_lookup(arr(1, 2, 3, 4, 2, 3), 3, min_n=1, max_n=2) == [4, 2, 3]
+    # the 3-gram [7, 8, 9] beats the more recent 1-gram match of 9
+    ctx = arr(7, 8, 9, 1, 1, 9, 5, 0, 7, 8, 9)
+    assert ngram_lookup(ctx, 2, min_n=1, max_n=3) == [1, 1]
+    assert ngram_lookup(arr(1, 2, 1, 2, 3, 1, 2), 2, min_n=2, max_n=2) == [3, 1]
+
+
+def test_ngram_without_a_match_proposes_nothing() -> None:
+    assert ngram_lookup(arr(1, 2, 3, 4), 3) == []
+    assert ngram_lookup(arr(5), 3) == []
+    assert ngram_lookup(arr(1, 2, 1, 2), 0) == []
+    draft = NgramDrafter().propose([1, 2, 3, 4, 5], 4, GREEDY, GEN)
+    assert draft.tokens == () and draft.probs is None
+
+
+def test_match_lengths_extend_backwards() -> None:
+    seq = arr(7, 1, 2, 3, 9, 1, 2, 3)
+    assert match_lengths(seq, arr(4, 8), arr(5, 7, 1, 2, 3)).tolist() == [4, 3]
+
+
+def test_frequent_path_follows_the_majority_and_stops_when_unsure() -> None:
+    a, b, c = arr(1, 5, 6, 7), arr(1, 5, 6, 8), arr(1, 5, 9, 9)
+    assert frequent_path([(a, 1), (b, 1), (c, 1)], 5, min_prob=0.1) == [5, 6, 7]
+    assert frequent_path([(a, 1), (b, 1), (c, 1)], 5, min_prob=0.5) == [5, 6]
+
+
+def test_suffix_drafts_from_earlier_answers() -> None:
+    answer = [10, 11, 12, 13, 14, 15, 16]
+    drafter = SuffixDrafter([answer, [3, 3, 3]])
+    draft = drafter.propose([99, 98, 11, 12], 4, GREEDY, GEN)
+    assert draft.tokens == (13, 14, 15, 16)
+    assert drafter.propose([99, 98, 97], 4, GREEDY, GEN).tokens == ()
+    drafter.add_document([97, 50, 51])
+    assert drafter.propose([99, 98, 97], 4, GREEDY, GEN).tokens == ()  # one-token key too short
+    assert drafter.propose([1, 97, 50], 2, GREEDY, GEN).tokens == (51,)
+
+
+def test_suffix_also_drafts_from_the_live_context() -> None:
+    drafter = SuffixDrafter()
+    assert drafter.propose([4, 5, 6, 7, 1, 4, 5], 3, GREEDY, GEN).tokens == (6, 7, 1)
+
+
+def test_suffix_index_forgets_the_oldest_documents_when_full() -> None:
+    index = SuffixIndex(key_len=2, max_tokens=20)
+    for start in range(0, 50, 5):
+        index.add(list(range(start, start + 5)))
+    assert len(index) <= 20
+    assert index.ends([45, 46], 10).size == 1
+    assert index.ends([0, 1], 10).size == 0

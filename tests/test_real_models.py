@@ -1,0 +1,66 @@
+"""The real models: the light one in every run, the Qwen appliance pair with ``-m slow``."""
+
+import pytest
+
+from engine import store
+from engine.protocol import Completion
+from engine.session import ChatEngine
+
+PROMPTS = [
+    "Write a Python function that returns the n-th Fibonacci number, "
+    "then show how to call it.",
+    "Repeat this sentence exactly, then translate it to French: "
+    "'The meeting with the finance team moves to Thursday at ten in room B.'",
+    "Fix the bug in this code and show the corrected version:\n"
+    "def mean(xs):\n    total = 0\n    for x in xs:\n        total += x\n"
+    "    return total / len(x)\n",
+]
+
+
+def greedy_answer(engine: ChatEngine, prompt: str, method: str, max_tokens: int) -> Completion:
+    messages = [{"role": "user", "content": prompt}]
+    *_, done = engine.generate(messages, max_tokens=max_tokens, method=method)
+    assert isinstance(done, Completion)
+    return done
+
+
+@pytest.mark.model
+def test_light_model_greedy_lookup_drafting_is_token_identical(light_engine: ChatEngine) -> None:
+    accepted = 0
+    for prompt in PROMPTS:
+        plain = greedy_answer(light_engine, prompt, "off", 48)
+        assert plain.text.strip()
+        for method in ("ngram", "suffix"):
+            spec = greedy_answer(light_engine, prompt, method, 48)
+            assert spec.token_ids == plain.token_ids, (method, prompt)
+            accepted += spec.stats.accepted
+    assert accepted > 0  # the quoting and code prompts give the lookups something to copy
+
+
+@pytest.mark.model
+def test_light_model_follow_up_feeds_only_the_new_turn(light_engine: ChatEngine) -> None:
+    first = [{"role": "user", "content": PROMPTS[0]}]
+    done = greedy_answer(light_engine, PROMPTS[0], "off", 16)
+    follow = [*first, {"role": "assistant", "content": done.text},
+              {"role": "user", "content": "Now make it iterative."}]
+    prompt = light_engine.encode(follow)
+    assert light_engine.runner.common_prefix(prompt) > len(light_engine.encode(first))
+
+
+@pytest.mark.model
+def test_light_model_second_prepare_uses_the_cache(
+    light_engine: ChatEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store, "convert", pytest.fail)
+    prepared = store.prepare("smollm2-135m-instruct")
+    assert (prepared.folder / "manifest.json").is_file()
+    assert prepared.sha256 == light_engine.target.sha256
+
+
+@pytest.mark.slow
+def test_appliance_pair_greedy_speculation_is_token_identical() -> None:
+    engine = ChatEngine.load("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
+    for prompt in PROMPTS[:2]:
+        plain = greedy_answer(engine, prompt, "off", 32)
+        for method in ("draft", "ngram", "suffix"):
+            assert greedy_answer(engine, prompt, method, 32).token_ids == plain.token_ids, method

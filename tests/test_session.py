@@ -1,0 +1,159 @@
+"""ChatEngine on a tiny model: messages, streaming text, stops, cancellation, cache reuse."""
+
+import threading
+
+import pytest
+
+from engine.errors import BadRequestError, PromptTooLongError
+from engine.models import LoadedModel
+from engine.protocol import Completion, TextChunk
+from engine.sampling import SamplingParams
+from engine.session import ChatEngine, TextAssembler
+from tests.tiny import tiny_loaded
+
+ASK = [{"role": "user", "content": "def add(a, b): please explain"}]
+
+
+@pytest.fixture(scope="module")
+def engine() -> ChatEngine:
+    target = tiny_loaded("tiny-target", seed=1, scale=4.0)
+    draft = tiny_loaded("tiny-draft", seed=2, scale=4.0)
+    return ChatEngine(target, draft, corpus=["def add(a, b):\n    return a + b\n"])
+
+
+def answer(engine: ChatEngine, messages=ASK, **kwargs) -> tuple[list[TextChunk], Completion]:  # type: ignore[no-untyped-def]
+    events = list(engine.generate(messages, **kwargs))
+    done = events[-1]
+    assert isinstance(done, Completion)
+    chunks = [e for e in events[:-1] if isinstance(e, TextChunk)]
+    assert "".join(c.text for c in chunks) == done.text
+    return chunks, done
+
+
+def test_methods_give_identical_greedy_answers_with_stats(engine: ChatEngine) -> None:
+    _, plain = answer(engine, method="off", max_tokens=30)
+    assert plain.stats.enabled is False and plain.stats.drafted == 0
+    assert plain.stats.mean_accepted_length == 1.0
+    for method in ("draft", "ngram", "suffix"):
+        _, spec = answer(engine, method=method, max_tokens=30)
+        assert spec.token_ids == plain.token_ids, method
+        assert spec.text == plain.text
+        s = spec.stats
+        assert s.method == method and s.enabled
+        assert s.completion_tokens == len(spec.token_ids) and s.passes >= 1
+        assert s.accepted <= s.drafted
+        assert s.accepted_per_position == tuple(sorted(s.accepted_per_position, reverse=True))
+        assert s.mean_accepted_length == pytest.approx(1 + s.accepted / s.passes)
+        assert s.time_to_first_token_s is not None and s.tokens_per_second
+
+
+def test_pieces_mark_text_from_accepted_drafts(engine: ChatEngine) -> None:
+    chunks, done = answer(engine, method="draft", max_tokens=30)
+    pieces = [p for c in chunks for p in c.pieces]
+    assert "".join(text for text, _ in pieces) == done.text
+    if done.stats.accepted:
+        assert any(flag for _, flag in pieces)
+
+
+def test_stop_string_cuts_the_answer(engine: ChatEngine) -> None:
+    _, full = answer(engine, method="off", max_tokens=40)
+    stop = full.text[10:14]
+    expected = full.text[: full.text.index(stop)]
+    for method in ("off", "ngram", "draft"):
+        _, cut = answer(engine, method=method, max_tokens=40, stop=[stop, "never-appears"])
+        assert cut.text == expected and cut.finish_reason == "stop", method
+
+
+def test_max_tokens_ends_with_length(engine: ChatEngine) -> None:
+    _, done = answer(engine, max_tokens=7)
+    assert done.finish_reason == "length" and len(done.token_ids) == 7
+
+
+def test_cancellation_between_passes_keeps_the_partial_answer(engine: ChatEngine) -> None:
+    cancel = threading.Event()
+    events = []
+    for event in engine.generate(ASK, max_tokens=60, method="off", cancel=cancel):
+        events.append(event)
+        cancel.set()
+    done = events[-1]
+    assert isinstance(done, Completion) and done.finish_reason == "cancelled"
+    assert 1 <= len(done.token_ids) < 60
+    cancel_early = threading.Event()
+    cancel_early.set()
+    _, nothing = answer(engine, cancel=cancel_early)
+    assert nothing.finish_reason == "cancelled" and nothing.text == ""
+
+
+def test_follow_up_reuses_the_cached_conversation(engine: ChatEngine) -> None:
+    _, first = answer(engine, method="off", max_tokens=12)
+    follow = [*ASK, {"role": "assistant", "content": first.text},
+              {"role": "user", "content": "and subtraction?"}]
+    prompt = engine.encode(follow)
+    reused = engine.runner.common_prefix(prompt)
+    assert reused >= len(engine.encode(ASK))
+    _, second = answer(engine, follow, method="off", max_tokens=5)
+    assert second.stats.prompt_tokens == len(prompt)
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [],
+        "hello",
+        [{"role": "user"}],
+        [{"role": "robot", "content": "hi"}],
+        [{"role": "user", "content": 5}],
+        [{"role": "user", "content": "   "}],
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+        ["just a string"],
+    ],
+)
+def test_bad_messages_get_a_clear_error(engine: ChatEngine, messages: object) -> None:
+    with pytest.raises(BadRequestError):
+        engine.generate(messages)
+
+
+def test_bad_parameters_get_a_clear_error(engine: ChatEngine) -> None:
+    with pytest.raises(BadRequestError, match="method"):
+        engine.generate(ASK, method="medusa")
+    with pytest.raises(BadRequestError, match="eagle"):
+        engine.generate(ASK, method="eagle")
+    with pytest.raises(BadRequestError, match="num_draft_tokens"):
+        engine.generate(ASK, num_draft_tokens=0)
+    with pytest.raises(BadRequestError, match="max_tokens"):
+        engine.generate(ASK, max_tokens=0)
+    for bad in ({"temperature": -1}, {"top_p": 0}, {"top_k": -2}):
+        with pytest.raises(BadRequestError):
+            SamplingParams(**bad)  # type: ignore[arg-type]
+
+
+def test_over_long_prompt_is_refused_before_any_work(engine: ChatEngine) -> None:
+    cached = list(engine.runner.ids)
+    long = [{"role": "user", "content": "def add " * 400}]
+    with pytest.raises(PromptTooLongError, match="holds at most"):
+        engine.generate(long)
+    assert engine.runner.ids == cached
+
+
+def test_sampled_answers_repeat_with_a_seed(engine: ChatEngine) -> None:
+    params = SamplingParams(temperature=0.8, top_p=0.95, seed=7)
+    _, a = answer(engine, params=params, method="draft", max_tokens=20)
+    _, b = answer(engine, params=params, method="draft", max_tokens=20)
+    assert a.token_ids == b.token_ids
+
+
+def test_text_assembler_holds_back_possible_stop_prefixes() -> None:
+    asm = TextAssembler(["STOP"])
+    asm.add("hello ST", False)
+    assert asm.take().text == "hello"
+    asm.add("ILL", True)
+    chunk = asm.take()
+    assert chunk.text == " ST" and chunk.pieces == ((" ST", False),)
+    asm.add(" STOP more", False)
+    assert asm.take(final=True).text == "ILL " and asm.stopped
+    assert asm.text == "hello STILL "
+
+
+def test_loaded_model_reports_its_memory() -> None:
+    model: LoadedModel = tiny_loaded()
+    assert model.memory_bytes > 0 and model.vocab_size == 320
