@@ -1,0 +1,288 @@
+"""One engine thread: it loads the models, then runs generations one at a time, FIFO.
+
+Contract:
+
+* :meth:`Scheduler.start` returns at once. The thread loads the engine (``status``
+  says ``loading`` with progress 0-1 and a message, then ``ready``, or ``error`` with
+  the reason) and then serves jobs in arrival order.
+* :meth:`Scheduler.submit` is called on the event loop and never blocks it. A job's
+  events arrive on ``job.events`` through ``loop.call_soon_threadsafe``: a
+  :class:`Started` once the request is accepted (prompt encoded and fits), the
+  engine's ``TextChunk`` s and one ``Completion``, or an :class:`EngineError` instead.
+* :meth:`Scheduler.abandon` frees a job's slot at once: a waiting job leaves the queue;
+  a running one is cancelled through its ``threading.Event``, which the decoding loop
+  checks before every target pass.
+* The engine is not thread-safe and is only ever touched from this thread.
+"""
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from engine.errors import BadRequestError, EngineError
+from engine.protocol import Completion, TextChunk
+from engine.registry import Progress
+from engine.worker.metrics import Metrics
+from engine.worker.schema import ChatRequest
+from engine.worker.settings import ADAPTIVE, Decision, DraftLength, SpeculationSettings
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_WAITING = 64
+
+
+class NotReadyError(EngineError):
+    """The models are still loading, or failed to load."""
+
+    code = "model_not_ready"
+
+
+class QueueFullError(EngineError):
+    """Too many requests are already waiting."""
+
+    code = "queue_full"
+
+
+class Engine(Protocol):
+    """What the worker needs from :class:`engine.session.ChatEngine`."""
+
+    target: Any
+    draft: Any
+    method: str
+    num_draft_tokens: Any
+
+    @property
+    def methods(self) -> list[str]: ...
+
+    def check_num_draft_tokens(self, k: Any) -> Any: ...
+
+    def generate(
+        self, messages: Any, params: Any = None, *, max_tokens: int = 512,
+        stop: Sequence[str] = (), method: str | None = None,
+        num_draft_tokens: Any = None, cancel: threading.Event | None = None,
+    ) -> Iterator[TextChunk | Completion]: ...
+
+
+@dataclass(frozen=True)
+class LoadStatus:
+    state: str  # "loading", "ready" or "error"
+    progress: float
+    message: str
+
+
+@dataclass(frozen=True)
+class Started:
+    """The request passed the engine's checks and is generating."""
+
+    num_draft_tokens: DraftLength | None
+
+
+JobEvent = Started | TextChunk | Completion | EngineError
+
+
+@dataclass(eq=False)
+class Job:
+    """One queued request and the channel its events come back on."""
+
+    request: ChatRequest
+    decision: Decision
+    loop: asyncio.AbstractEventLoop
+    events: "asyncio.Queue[JobEvent]" = field(default_factory=asyncio.Queue)
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+    def emit(self, event: JobEvent) -> None:
+        """Hand ``event`` to the event loop (from the engine thread)."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the loop has closed: nobody is listening any more
+            self.cancel.set()
+
+
+@dataclass(frozen=True)
+class LoadedModelInfo:
+    id: str
+    role: str
+    max_context: int
+    memory_bytes: int
+
+
+class Scheduler:
+    """The FIFO queue and the single thread that owns the engine."""
+
+    def __init__(
+        self,
+        loader: Callable[[Progress], Engine],
+        settings: SpeculationSettings,
+        metrics: Metrics,
+        max_waiting: int = DEFAULT_MAX_WAITING,
+    ) -> None:
+        self.loader = loader
+        self.settings = settings
+        self.metrics = metrics
+        self.max_waiting = max_waiting
+        self.status = LoadStatus("loading", 0.0, "starting")
+        self.models: tuple[LoadedModelInfo, ...] = ()
+        self._cond = threading.Condition()
+        self._queue: deque[Job] = deque()
+        self._running: Job | None = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._main, name="anve-engine", daemon=True)
+        metrics.bind_queue(lambda: self.waiting, lambda: self.running)
+
+    # --- event-loop side ---------------------------------------------------------
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queue)
+
+    @property
+    def running(self) -> int:
+        return int(self._running is not None)
+
+    def load(self) -> int:
+        """How many requests would wait if one more arrived now (itself included)."""
+        with self._cond:
+            busy = self._running is not None or bool(self._queue)
+            return len(self._queue) + 1 if busy else 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def require_ready(self) -> None:
+        status = self.status
+        if status.state == "error":
+            raise NotReadyError(f"the models failed to load: {status.message}")
+        if status.state != "ready":
+            raise NotReadyError(
+                f"the models are still loading ({status.progress:.0%}, {status.message}); "
+                "poll GET /health until its status is ready"
+            )
+
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            if self._stopping:
+                raise NotReadyError("the worker is shutting down")
+            if len(self._queue) >= self.max_waiting:
+                raise QueueFullError(
+                    f"{len(self._queue)} requests are already waiting; try again shortly"
+                )
+            self._queue.append(job)
+            self._cond.notify()
+
+    def abandon(self, job: Job) -> None:
+        """The client is gone or done: drop the job if waiting, cancel it if running."""
+        job.cancel.set()
+        with self._cond:
+            if job in self._queue:
+                self._queue.remove(job)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        with self._cond:
+            self._stopping = True
+            for job in [*self._queue, *([self._running] if self._running else [])]:
+                job.cancel.set()
+            self._queue.clear()
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # --- engine thread -------------------------------------------------------------
+
+    def _main(self) -> None:
+        engine = self._load()
+        if engine is None:
+            return
+        while (job := self._next()) is not None:
+            try:
+                self._run(engine, job)
+            finally:
+                with self._cond:
+                    self._running = None
+
+    def _progress(self, fraction: float, message: str) -> None:
+        self.status = LoadStatus("loading", min(max(float(fraction), 0.0), 1.0), message)
+
+    def _load(self) -> Engine | None:
+        self._progress(0.0, "loading the engine")
+        try:
+            engine = self.loader(self._progress)
+        except EngineError as exc:
+            log.error("loading the models failed: %s", exc)
+            self.status = LoadStatus("error", 0.0, str(exc))
+            return None
+        except Exception as exc:
+            log.exception("loading the models failed")
+            self.status = LoadStatus("error", 0.0, f"{type(exc).__name__}: {exc}")
+            return None
+        self.models = describe(engine)
+        for model in self.models:
+            self.metrics.model_memory.labels(model.role, model.id).set(model.memory_bytes)
+        self.settings.bind(
+            engine.methods, engine.method, engine.num_draft_tokens, supports_adaptive(engine)
+        )
+        self.status = LoadStatus("ready", 1.0, "ready")
+        log.info("models ready: %s", ", ".join(m.id for m in self.models))
+        return engine
+
+    def _next(self) -> Job | None:
+        with self._cond:
+            while not self._queue and not self._stopping:
+                self._cond.wait()
+            if self._stopping:
+                return None
+            self._running = self._queue.popleft()
+            return self._running
+
+    def _run(self, engine: Engine, job: Job) -> None:
+        if job.cancel.is_set():
+            return
+        decision, request = job.decision, job.request
+        k = decision.num_draft_tokens if decision.enabled else None
+        try:
+            events = engine.generate(
+                request.messages, request.params, max_tokens=request.max_tokens,
+                stop=request.stop, method=decision.method, num_draft_tokens=k,
+                cancel=job.cancel,
+            )
+            job.emit(Started(k))
+            for event in events:
+                if isinstance(event, Completion):
+                    self._finished(event)
+                job.emit(event)
+        except EngineError as exc:
+            job.emit(exc)
+        except Exception:
+            log.exception("a generation failed")
+            job.emit(EngineError("the generation failed inside the engine; see the worker log"))
+
+    def _finished(self, completion: Completion) -> None:
+        stats = completion.stats
+        self.metrics.observe_completion(stats, completion.finish_reason)
+        log.info(
+            "answer done: %s, %d+%d tokens, method %s, %d/%d drafts accepted",
+            completion.finish_reason, stats.prompt_tokens, stats.completion_tokens,
+            stats.method, stats.accepted, stats.drafted,
+        )
+
+
+def supports_adaptive(engine: Engine) -> bool:
+    """Whether this engine accepts ``num_draft_tokens="adaptive"``."""
+    try:
+        engine.check_num_draft_tokens(ADAPTIVE)
+    except BadRequestError:
+        return False
+    return True
+
+
+def describe(engine: Engine) -> tuple[LoadedModelInfo, ...]:
+    """The loaded models as the API lists them."""
+    pairs = [("target", engine.target), ("draft", engine.draft)]
+    return tuple(
+        LoadedModelInfo(m.name, role, int(m.max_context), int(m.memory_bytes))
+        for role, m in pairs
+        if m is not None
+    )

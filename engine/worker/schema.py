@@ -1,0 +1,243 @@
+"""The OpenAI chat-completions wire format: parsing requests, shaping responses.
+
+Contract: :func:`parse_chat_request` turns a decoded JSON body into a
+:class:`ChatRequest` or raises :class:`FieldError` (a :class:`BadRequestError` naming
+the offending ``param``). The ``*_json`` functions build plain dicts for
+``chat.completion``, ``chat.completion.chunk`` and OpenAI's error object. Extensions:
+a request may carry ``speculation`` (``method``, ``num_draft_tokens``) and ``top_k``;
+a response carries ``speculation`` (what the answer measured) and chunks carry
+``anve.pieces``: ``[[text, from_draft], ...]``, telling which text came from accepted
+draft tokens. Unknown request fields are ignored, as OpenAI-compatible servers do.
+"""
+
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.errors import BadRequestError
+from engine.protocol import SpeculationStats
+from engine.sampling import SamplingParams
+from engine.session import validate_messages
+from engine.worker.settings import Decision, DraftLength, Override, parse_override
+
+DEFAULT_MAX_TOKENS = 512
+MAX_STOP_STRINGS = 16
+MAX_SEED = 2**63 - 1
+SPECULATION_FIELDS = (
+    "passes", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
+    "accepted_per_position", "tokens_per_second", "time_to_first_token_s",
+)
+OPTIONAL_FIELDS = ("auto_off_passes",)  # reported when the engine measures them
+
+
+class FieldError(BadRequestError):
+    """A request field with the wrong type or value; ``param`` names it."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A validated chat-completions request."""
+
+    messages: list[dict[str, str]]
+    params: SamplingParams
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    speculation: Override | None = None
+
+
+# --- parsing ---------------------------------------------------------------------
+
+
+def _number(body: Mapping[str, Any], name: str, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise FieldError(name, f"{name} must be a number, got {value!r}")
+    return float(value)
+
+
+def _integer(body: Mapping[str, Any], name: str, default: int | None, low: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise FieldError(name, f"{name} must be an integer of at least {low}, got {value!r}")
+    return value
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if (
+        isinstance(value, list)
+        and len(value) <= MAX_STOP_STRINGS
+        and all(isinstance(s, str) for s in value)
+    ):
+        return tuple(value)
+    raise FieldError(
+        "stop", f"stop must be a string or a list of at most {MAX_STOP_STRINGS} strings"
+    )
+
+
+def _text_content(content: Any) -> Any:
+    """Join OpenAI's ``[{"type": "text", "text": ...}]`` content parts into one string."""
+    if isinstance(content, list) and all(
+        isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content
+    ):
+        return "".join(p["text"] for p in content)
+    return content
+
+
+def _messages(value: Any) -> list[dict[str, str]]:
+    if value is None:
+        raise FieldError("messages", "messages is required: a list of {role, content} objects")
+    if isinstance(value, list):
+        value = [
+            {**m, "content": _text_content(m.get("content"))} if isinstance(m, Mapping) else m
+            for m in value
+        ]
+    try:
+        return validate_messages(value)
+    except BadRequestError as exc:
+        raise FieldError("messages", str(exc)) from None
+
+
+def _sampling(body: Mapping[str, Any]) -> SamplingParams:
+    seed = _integer(body, "seed", None, 0)
+    if seed is not None and seed > MAX_SEED:
+        raise FieldError("seed", f"seed must be at most {MAX_SEED}")
+    try:
+        return SamplingParams(
+            temperature=_number(body, "temperature", 1.0),
+            top_p=_number(body, "top_p", 1.0),
+            top_k=_integer(body, "top_k", 0, 0) or 0,
+            seed=seed,
+        )
+    except FieldError:
+        raise
+    except BadRequestError as exc:
+        raise FieldError(str(exc).split(" ", 1)[0], str(exc)) from None
+
+
+def _flag(body: Mapping[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise FieldError(name, f"{name} must be true or false, got {value!r}")
+    return value
+
+
+def parse_chat_request(
+    body: Any, methods: Sequence[str], adaptive: bool = False
+) -> ChatRequest:
+    """Validate a decoded ``POST /v1/chat/completions`` body.
+
+    ``methods`` are the loaded drafting methods; ``adaptive`` says whether the engine
+    accepts ``speculation.num_draft_tokens = "adaptive"``.
+    """
+    if not isinstance(body, Mapping):
+        raise FieldError("body", "the request body must be a JSON object")
+    n = body.get("n")
+    if n not in (None, 1):
+        raise FieldError("n", "only n = 1 is supported")
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = _integer({"max_tokens": limit}, "max_tokens", DEFAULT_MAX_TOKENS, 1)
+    try:
+        speculation = parse_override(body.get("speculation"), methods, adaptive)
+    except BadRequestError as exc:
+        raise FieldError("speculation", str(exc)) from None
+    return ChatRequest(
+        messages=_messages(body.get("messages")),
+        params=_sampling(body),
+        max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
+        stop=_stop(body.get("stop")),
+        stream=_flag(body, "stream"),
+        speculation=speculation,
+    )
+
+
+# --- responses ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Answer:
+    """Identity shared by every chunk of one answer."""
+
+    model: str
+    id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def pieces_json(pieces: Sequence[tuple[str, bool]]) -> dict[str, Any]:
+    return {"pieces": [[text, from_draft] for text, from_draft in pieces]}
+
+
+def usage_json(stats: SpeculationStats) -> dict[str, int]:
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.completion_tokens,
+        "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+    }
+
+
+def speculation_json(
+    stats: SpeculationStats, decision: Decision, num_draft_tokens: DraftLength | None
+) -> dict[str, Any]:
+    """The ``speculation`` extension object of a finished answer."""
+    measured = stats.to_dict()
+    return {
+        "method": stats.method,
+        "enabled": stats.enabled,
+        "disabled_reason": decision.disabled_reason,
+        "num_draft_tokens": num_draft_tokens if stats.enabled else None,
+        **{name: measured[name] for name in SPECULATION_FIELDS},
+        **{name: measured[name] for name in OPTIONAL_FIELDS if name in measured},
+    }
+
+
+def chunk_json(
+    answer: Answer, delta: dict[str, Any], finish_reason: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    """One ``chat.completion.chunk``; ``extra`` adds top-level fields (usage, anve...)."""
+    return {
+        "id": answer.id, "object": "chat.completion.chunk", "created": answer.created,
+        "model": answer.model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason,
+                     "logprobs": None}],
+        **extra,
+    }
+
+
+def completion_json(answer: Answer, text: str, finish_reason: str, **extra: Any) -> dict[str, Any]:
+    """A whole ``chat.completion``; ``extra`` adds top-level fields."""
+    return {
+        "id": answer.id, "object": "chat.completion", "created": answer.created,
+        "model": answer.model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                     "finish_reason": finish_reason, "logprobs": None}],
+        **extra,
+    }
+
+
+ERROR_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+def error_json(status: int, message: str, code: str, param: str | None = None) -> dict[str, Any]:
+    kind = ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "code": code, "param": param}}

@@ -1,0 +1,280 @@
+"""The worker app in-process over real HTTP with a fake engine: loading, queue, errors, auth.
+
+A fake engine makes these fast and deterministic; ``test_worker_process.py`` runs the
+real worker process on tiny models.
+"""
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from engine.errors import BadRequestError, EngineError, PromptTooLongError
+from engine.protocol import Completion, SpeculationStats, TextChunk
+from engine.worker.auth import Auth
+from engine.worker.metrics import Metrics
+from engine.worker.scheduler import Scheduler
+from engine.worker.server import Worker, create_app
+from engine.worker.settings import SpeculationSettings
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+class FakeEngine:
+    """Answers ``w0 w1 ...``; every odd word counts as drafted. Optionally slow."""
+
+    target = SimpleNamespace(name="fake", max_context=64, memory_bytes=1234)
+    draft = None
+    method = "ngram"
+    num_draft_tokens = 3
+    methods: ClassVar[list[str]] = ["off", "ngram", "suffix"]
+
+    def __init__(self, delay_s: float = 0.0, gate: threading.Event | None = None) -> None:
+        self.delay_s = delay_s
+        self.gate = gate
+        self.seen: list[str] = []
+
+    def generate(self, messages: Any, params: Any = None, *, max_tokens: int = 512,
+                 method: str | None = None, cancel: threading.Event | None = None,
+                 **_: Any) -> Iterator[TextChunk | Completion]:
+        if len(messages[-1]["content"]) > 100:
+            raise PromptTooLongError("the conversation is too long")
+        self.seen.append(messages[-1]["content"])
+        return self._words(max_tokens, method or self.method, cancel or threading.Event())
+
+    def check_num_draft_tokens(self, k: Any) -> int:
+        if not isinstance(k, int):
+            raise BadRequestError("fixed draft lengths only")
+        return k
+
+    def _words(
+        self, n: int, method: str, cancel: threading.Event
+    ) -> Iterator[TextChunk | Completion]:
+        text, reason = "", "length"
+        for i in range(n):
+            if self.gate is not None:
+                self.gate.wait(10)
+            if cancel.is_set():
+                reason = "cancelled"
+                break
+            time.sleep(self.delay_s)
+            text += f"w{i} "
+            yield TextChunk(f"w{i} ", ((f"w{i} ", i % 2 == 1),), (i,))
+        stats = SpeculationStats(method, method != "off", prompt_tokens=3,
+                                 completion_tokens=len(text.split()), passes=len(text.split()))
+        yield Completion(text, reason, (), stats)
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    loader: Callable[[Any], Any], auth: Auth | None = None, **app_kwargs: Any
+) -> AsyncIterator[tuple[TestClient, Worker]]:
+    settings, metrics = SpeculationSettings(), Metrics()
+    scheduler = Scheduler(loader, settings, metrics, max_waiting=2)
+    worker = Worker(scheduler, settings, metrics, auth or Auth())
+    async with TestClient(TestServer(create_app(worker, **app_kwargs))) as client:
+        scheduler.start()
+        yield client, worker
+        scheduler.stop()
+
+
+async def until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+def assert_error(body: dict[str, Any], code: str) -> None:
+    assert set(body) == {"error"}
+    assert {"message", "type", "code", "param"} <= set(body["error"])
+    assert body["error"]["code"] == code, body
+    assert body["error"]["message"]
+
+
+def ready(engine: FakeEngine) -> Callable[[Any], FakeEngine]:
+    return lambda progress: engine
+
+
+# --- loading ------------------------------------------------------------------------------
+
+
+def test_health_reports_loading_progress_then_ready() -> None:
+    release = threading.Event()
+
+    def loader(progress: Callable[[float, str], None]) -> FakeEngine:
+        progress(0.5, "converting fake")
+        release.wait(10)
+        return FakeEngine()
+
+    async def scenario() -> None:
+        async with serving(loader) as (client, worker):
+            await until(lambda: worker.scheduler.status.progress == 0.5)
+            health = await (await client.get("/health")).json()
+            assert (health["status"], health["progress"]) == ("loading", 0.5)
+            assert health["message"] == "converting fake"
+            for method, path in (("POST", "/v1/chat/completions"), ("GET", "/v1/models"),
+                                 ("PUT", "/v1/speculation")):
+                resp = await client.request(method, path, json={"messages": USER})
+                assert resp.status == 503
+                assert_error(await resp.json(), "model_not_ready")
+            assert (await (await client.get("/v1/speculation")).json())["method"] is None
+            release.set()
+            await until(lambda: worker.scheduler.status.state == "ready")
+            resp = await client.post("/v1/chat/completions", json={"messages": USER,
+                                                                    "max_tokens": 2})
+            assert (await resp.json())["choices"][0]["message"]["content"] == "w0 w1 "
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_load_is_reported() -> None:
+    def loader(progress: Callable[[float, str], None]) -> FakeEngine:
+        raise EngineError("not enough memory for fake")
+
+    async def scenario() -> None:
+        async with serving(loader) as (client, worker):
+            await until(lambda: worker.scheduler.status.state == "error")
+            health = await (await client.get("/health")).json()
+            assert health["message"] == "not enough memory for fake"
+            resp = await client.post("/v1/chat/completions", json={"messages": USER})
+            assert resp.status == 503
+            assert "failed to load: not enough memory" in (await resp.json())["error"]["message"]
+
+    asyncio.run(scenario())
+
+
+# --- answers and the queue ------------------------------------------------------------------
+
+
+def test_stream_carries_pieces_usage_and_speculation() -> None:
+    async def scenario() -> None:
+        async with serving(ready(FakeEngine())) as (client, worker):
+            await until(lambda: worker.scheduler.status.state == "ready")
+            resp = await client.post("/v1/chat/completions",
+                                     json={"messages": USER, "max_tokens": 3, "stream": True})
+            assert resp.headers["Content-Type"].startswith("text/event-stream")
+            lines = [ln for ln in (await resp.text()).split("\n") if ln]
+            assert lines[-1] == "data: [DONE]"
+            chunks = [json.loads(ln.removeprefix("data: ")) for ln in lines[:-1]]
+            assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+            pieces = [p for c in chunks[1:-1] for p in c["anve"]["pieces"]]
+            assert pieces == [["w0 ", False], ["w1 ", True], ["w2 ", False]]
+            final = chunks[-1]
+            assert final["choices"][0]["finish_reason"] == "length"
+            assert final["usage"]["completion_tokens"] == 3
+            assert final["speculation"]["method"] == "ngram"
+            assert final["speculation"]["num_draft_tokens"] == 3
+
+    asyncio.run(scenario())
+
+
+def test_fifo_order_queue_limit_and_withdrawal() -> None:
+    gate = threading.Event()
+    engine = FakeEngine(gate=gate)
+
+    async def ask(client: TestClient, content: str) -> Any:
+        body = {"messages": [{"role": "user", "content": content}], "max_tokens": 1}
+        return await client.post("/v1/chat/completions", json=body)
+
+    async def scenario() -> None:
+        async with serving(ready(engine)) as (client, worker):
+            sched = worker.scheduler
+            await until(lambda: sched.status.state == "ready")
+            first = asyncio.create_task(ask(client, "first"))
+            await until(lambda: sched.running == 1)
+            second = asyncio.create_task(ask(client, "second"))
+            await until(lambda: sched.waiting == 1)
+            leaving = asyncio.create_task(ask(client, "leaving"))
+            await until(lambda: sched.waiting == 2)
+            full = await ask(client, "one too many")
+            assert full.status == 503
+            assert_error(await full.json(), "queue_full")
+            leaving.cancel()  # like a client that hangs up while waiting
+            await until(lambda: sched.waiting == 1)
+            third = asyncio.create_task(ask(client, "third"))
+            await until(lambda: sched.waiting == 2)
+            gate.set()
+            for task in (first, second, third):
+                assert (await task).status == 200
+            assert engine.seen == ["first", "second", "third"]
+
+    asyncio.run(scenario())
+
+
+def test_disconnect_cancels_the_running_answer() -> None:
+    engine = FakeEngine(delay_s=0.01)
+
+    async def scenario() -> None:
+        async with serving(ready(engine)) as (client, worker):
+            await until(lambda: worker.scheduler.status.state == "ready")
+            resp = await client.post("/v1/chat/completions",
+                                     json={"messages": USER, "max_tokens": 5000, "stream": True})
+            await resp.content.readline()
+            resp.close()
+            await until(lambda: worker.scheduler.running == 0, timeout=20)
+            metrics = (await (await client.get("/metrics")).read()).decode()
+            assert 'anve_requests_total{finish_reason="cancelled"} 1.0' in metrics
+            answer = await client.post("/v1/chat/completions",
+                                       json={"messages": USER, "max_tokens": 2})
+            assert (await answer.json())["choices"][0]["finish_reason"] == "length"
+
+    asyncio.run(scenario())
+
+
+# --- errors and auth --------------------------------------------------------------------------
+
+
+def test_errors_have_openai_shape_and_the_worker_keeps_serving() -> None:
+    async def scenario() -> None:
+        async with serving(ready(FakeEngine()), max_body_bytes=4096) as (client, worker):
+            await until(lambda: worker.scheduler.status.state == "ready")
+            url = "/v1/chat/completions"
+            cases = [
+                (client.post(url, data=b"{not json"), 400, "invalid_request"),
+                (client.post(url, json={"max_tokens": 3}), 400, "invalid_request"),
+                (client.post(url, json={"messages": [{"role": "user", "content": "x" * 200}]}),
+                 400, "context_length_exceeded"),
+                (client.post(url, json={"messages": USER, "stream": True,
+                                        "speculation": {"method": "draft"}}),
+                 400, "invalid_request"),
+                (client.post(url, data=b"x" * 10_000), 413, "request_too_large"),
+                (client.get(url), 405, "method_not_allowed"),
+                (client.get("/v2/nothing"), 404, "not_found"),
+            ]
+            for request, status, code in cases:
+                resp = await request
+                assert resp.status == status
+                assert_error(await resp.json(), code)
+            resp = await client.post(url, json={"messages": USER, "max_tokens": 1})
+            assert resp.status == 200
+
+    asyncio.run(scenario())
+
+
+def test_tokens_are_checked_and_admin_is_separate() -> None:
+    user, admin = {"Authorization": "Bearer u-token"}, {"Authorization": "Bearer a-token"}
+
+    async def scenario() -> None:
+        auth = Auth("u-token", "a-token")
+        async with serving(ready(FakeEngine()), auth=auth) as (client, worker):
+            await until(lambda: worker.scheduler.status.state == "ready")
+            assert (await client.get("/health")).status == 401
+            wrong = await client.get("/health", headers={"Authorization": "Bearer nope"})
+            assert wrong.status == 401
+            assert_error(await wrong.json(), "invalid_api_key")
+            assert (await client.get("/health", headers=user)).status == 200
+            body = {"method": "suffix"}
+            refused = await client.put("/v1/speculation", json=body, headers=user)
+            assert refused.status == 403
+            assert_error(await refused.json(), "permission_denied")
+            done = await client.put("/v1/speculation", json=body, headers=admin)
+            assert (await done.json())["method"] == "suffix"
+
+    asyncio.run(scenario())
