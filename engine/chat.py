@@ -16,7 +16,7 @@ from engine.errors import EngineError
 from engine.protocol import METHODS, Completion, SpeculationStats, TextChunk
 from engine.registry import PROFILES, Progress
 from engine.sampling import SamplingParams
-from engine.session import ChatEngine
+from engine.session import ADAPTIVE, ChatEngine, DraftLength
 
 
 def format_stats(s: SpeculationStats) -> str:
@@ -74,9 +74,10 @@ def command(engine: ChatEngine, line: str, out: TextIO) -> bool:
         if name == "method":
             engine.method = engine.check_method(arg.strip())
         elif name == "k":
-            engine.num_draft_tokens = engine.check_num_draft_tokens(int(arg))
+            engine.num_draft_tokens = engine.check_num_draft_tokens(draft_length(arg.strip()))
         elif name != "reset":
-            out.write(f"commands: /method {{{','.join(engine.methods)}}}, /k N, /reset, /quit\n")
+            methods = ",".join(engine.methods)
+            out.write(f"commands: /method {{{methods}}}, /k N|adaptive, /reset, /quit\n")
             return True
         out.write(f"  (method {engine.method}, k={engine.num_draft_tokens})\n")
     except (EngineError, ValueError) as exc:
@@ -115,6 +116,10 @@ def repl(engine: ChatEngine, args: argparse.Namespace, inp: TextIO, out: TextIO)
         messages.append({"role": "assistant", "content": answer})
 
 
+def draft_length(value: str) -> DraftLength:
+    return ADAPTIVE if value == ADAPTIVE else int(value)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m engine.chat", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -122,7 +127,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--target", help="named model, model folder or .gguf (overrides profile)")
     parser.add_argument("--draft", help="draft model: name, folder or .gguf")
     parser.add_argument("--method", choices=METHODS, help="drafting method (default: best loaded)")
-    parser.add_argument("--num-draft-tokens", type=int, default=4)
+    parser.add_argument("--num-draft-tokens", type=draft_length, default="adaptive",
+                        help="draft length 1..16 or \"adaptive\" (default)")
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)

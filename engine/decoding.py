@@ -20,6 +20,7 @@ import torch
 
 from engine.acceptance import greedy_accept, speculative_accept
 from engine.drafters import EMPTY_DRAFT, Draft, Drafter
+from engine.policy import DraftPolicy
 from engine.protocol import SpeculationStats
 from engine.runner import ModelRunner
 from engine.sampling import SamplingParams, probabilities
@@ -37,6 +38,7 @@ class Step:
     verify_s: float
     finish_reason: str | None = None  # "stop", "length", "cancelled" on the last step
     forwarded: bool = True  # False for a closing step that ran no target pass
+    auto_off: bool = False  # the policy ran this pass plain because drafting did not pay
 
     @classmethod
     def closing(cls, reason: str) -> "Step":
@@ -82,9 +84,14 @@ def decode(
     stop_ids: Collection[int] = (),
     drafter: Drafter | None = None,
     num_draft_tokens: int = 4,
+    policy: DraftPolicy | None = None,
     cancel: threading.Event | None = None,
 ) -> Generator[Step, None, None]:
-    """Generate after ``prompt`` (non-empty, shorter than ``max_context``), one pass per step."""
+    """Generate after ``prompt`` (non-empty, shorter than ``max_context``), one pass per step.
+
+    With a ``policy`` the draft length is chosen per pass (adaptive, may be 0);
+    otherwise it is ``num_draft_tokens`` whenever there is room.
+    """
     generator = make_generator(params.seed)
     context = list(prompt)
     target.sync(context[:-1])
@@ -98,7 +105,10 @@ def decode(
             yield Step.closing("length")
             return
         t0 = time.perf_counter()
-        k = min(num_draft_tokens, room - 1) if drafter is not None else 0
+        k, auto_off = 0, False
+        if drafter is not None:
+            k = policy.next_gamma(room) if policy else min(num_draft_tokens, room - 1)
+            auto_off = policy is not None and policy.last_off
         draft = EMPTY_DRAFT
         if drafter is not None and k > 0:
             draft = drafter.propose(context, k, params, generator)
@@ -109,6 +119,8 @@ def decode(
         t2 = time.perf_counter()
         if drafter is not None and len(draft):
             drafter.observe(context, len(draft), n)
+        if policy is not None:
+            policy.update(len(draft), n, t1 - t0, t2 - t1)
         tokens, flags = [*draft.tokens[:n], nxt], [True] * n + [False]
         finish = None
         for i, token in enumerate(tokens):
@@ -119,7 +131,8 @@ def decode(
         produced += len(tokens)
         if finish is None and produced >= max_new_tokens:
             finish = "length"
-        yield Step(tuple(tokens), tuple(flags), len(draft), n, t1 - t0, t2 - t1, finish)
+        yield Step(tuple(tokens), tuple(flags), len(draft), n, t1 - t0, t2 - t1, finish,
+                   auto_off=auto_off)
         if finish is not None:
             return
 
@@ -141,9 +154,12 @@ class StatsRecorder:
     draft_s: float = 0.0
     verify_s: float = 0.0
     per_position: list[int] = field(default_factory=list)
+    adaptive: bool = False
+    auto_off_passes: int = 0
 
     def record(self, step: Step) -> None:
         self.passes += step.forwarded
+        self.auto_off_passes += step.auto_off
         if step.tokens and self.first_token_at is None:
             self.first_token_at = time.perf_counter()
         self.drafted += step.drafted
@@ -165,4 +181,5 @@ class StatsRecorder:
             accepted=self.accepted, accepted_per_position=tuple(self.per_position),
             prefill_s=self.prefill_s, draft_s=self.draft_s, verify_s=self.verify_s,
             total_s=now - self.started, time_to_first_token_s=ttft,
+            adaptive=self.adaptive, auto_off_passes=self.auto_off_passes,
         )

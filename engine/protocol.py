@@ -30,6 +30,8 @@ class SpeculationStats:
     verify_s: float = 0.0
     total_s: float = 0.0
     time_to_first_token_s: float | None = None
+    adaptive: bool = False  # draft length chosen per pass from measured costs
+    auto_off_passes: int = 0  # passes run plain because drafting was measured not to pay
 
     @property
     def acceptance_rate(self) -> float | None:

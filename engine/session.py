@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Generator, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from engine.decoding import StatsRecorder, decode
 from engine.detokenize import IncrementalDetokenizer
@@ -23,6 +23,7 @@ from engine.drafters.ngram import NgramDrafter
 from engine.drafters.suffix import SuffixDrafter
 from engine.errors import BadRequestError, PromptTooLongError
 from engine.models import LoadedModel, load_pair
+from engine.policy import DraftPolicy
 from engine.protocol import METHODS, Completion, TextChunk
 from engine.registry import Progress
 from engine.runner import ModelRunner
@@ -32,6 +33,9 @@ log = logging.getLogger(__name__)
 
 ROLES = ("system", "user", "assistant")
 MAX_DRAFT_TOKENS = 16
+MAX_ADAPTIVE = 8  # the adaptive policy's longest draft
+ADAPTIVE: Literal["adaptive"] = "adaptive"
+DraftLength = int | Literal["adaptive"]
 Event = TextChunk | Completion
 
 
@@ -103,7 +107,7 @@ class ChatEngine:
         draft: LoadedModel | None = None,
         *,
         method: str | None = None,
-        num_draft_tokens: int = 4,
+        num_draft_tokens: DraftLength = ADAPTIVE,
         corpus: Sequence[str] = (),
     ) -> None:
         self.target = target
@@ -152,10 +156,14 @@ class ChatEngine:
         return method
 
     @staticmethod
-    def check_num_draft_tokens(k: int) -> int:
-        if not isinstance(k, int) or not 1 <= k <= MAX_DRAFT_TOKENS:
+    def check_num_draft_tokens(k: DraftLength) -> DraftLength:
+        """A fixed draft length 1..MAX_DRAFT_TOKENS, or ``"adaptive"``."""
+        if k == ADAPTIVE:
+            return k
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_DRAFT_TOKENS:
             raise BadRequestError(
-                f"num_draft_tokens must be an integer from 1 to {MAX_DRAFT_TOKENS}"
+                f"num_draft_tokens must be an integer from 1 to {MAX_DRAFT_TOKENS} "
+                f"or {ADAPTIVE!r}"
             )
         return k
 
@@ -180,7 +188,7 @@ class ChatEngine:
         max_tokens: int = 512,
         stop: Sequence[str] = (),
         method: str | None = None,
-        num_draft_tokens: int | None = None,
+        num_draft_tokens: DraftLength | None = None,
         cancel: threading.Event | None = None,
     ) -> Generator[Event, None, None]:
         """Answer ``messages``: yields :class:`TextChunk` s, then one :class:`Completion`."""
@@ -197,7 +205,7 @@ class ChatEngine:
         max_tokens: int = 512,
         stop: Sequence[str] = (),
         method: str | None = None,
-        num_draft_tokens: int | None = None,
+        num_draft_tokens: DraftLength | None = None,
         cancel: threading.Event | None = None,
     ) -> Generator[Event, None, None]:
         """Like :meth:`generate` for an already tokenized prompt."""
@@ -223,10 +231,11 @@ class ChatEngine:
         max_tokens: int,
         stop: list[str],
         method: str,
-        k: int,
+        k: DraftLength,
         cancel: threading.Event | None,
     ) -> Generator[Event, None, None]:
-        recorder = StatsRecorder(method, method != "off", len(prompt))
+        adaptive = k == ADAPTIVE and method != "off"
+        recorder = StatsRecorder(method, method != "off", len(prompt), adaptive=adaptive)
         self.runner.sync(prompt[:-1])
         recorder.prefill_s = time.perf_counter() - recorder.started
         detok = IncrementalDetokenizer(self.target.tokenizer)
@@ -235,7 +244,8 @@ class ChatEngine:
             self.runner, prompt, params=params, max_new_tokens=max_tokens,
             max_context=self.target.max_context, stop_ids=self.target.eos_ids,
             drafter=None if method == "off" else self.drafters[method],
-            num_draft_tokens=k, cancel=cancel,
+            num_draft_tokens=k if isinstance(k, int) else MAX_ADAPTIVE,
+            policy=DraftPolicy(max_gamma=MAX_ADAPTIVE) if adaptive else None, cancel=cancel,
         )
         finish = "length"
         for step in steps:

@@ -2,8 +2,10 @@
 
 The draft model keeps its own KV cache across passes. Each ``propose`` syncs that
 cache to the context by its shared prefix (so rejected drafts are cropped away and
-accepted ones are reused), then samples ``k`` tokens one at a time with the same
-sampling processing as the target, returning their distributions ``q``.
+accepted ones are reused), then samples up to ``k`` tokens one at a time with the same
+sampling processing as the target, returning their distributions ``q``. Drafting
+stops early after a token the draft itself gave less than ``min_confidence``
+(its probability), since the guesses after it would most likely be rejected.
 """
 
 from collections.abc import Sequence
@@ -30,10 +32,13 @@ class DraftModelDrafter:
 
     name = "draft"
 
-    def __init__(self, draft: LoadedModel, target_vocab_size: int) -> None:
+    def __init__(
+        self, draft: LoadedModel, target_vocab_size: int, min_confidence: float = 0.3
+    ) -> None:
         self.loaded = draft
         self.runner = ModelRunner(draft.model)
         self.vocab_size = target_vocab_size
+        self.min_confidence = min_confidence
 
     def propose(
         self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator
@@ -50,12 +55,16 @@ class DraftModelDrafter:
         for i in range(k):
             row = fit_vocab(logits, self.vocab_size)  # [V]
             if params.greedy:
-                token = int(row.argmax())
+                confidence, best = row.float().softmax(-1).max(-1)
+                token = int(best)
             else:
                 q = probabilities(row, params)  # [V]
                 token = int(sample(q, generator))
+                confidence = q[token]
                 qs.append(q)
             tokens.append(token)
+            if float(confidence) < self.min_confidence:
+                break  # later guesses would most likely be rejected
             if i + 1 < k:
                 logits = self.runner.forward([token])[-1]
         return Draft(tuple(tokens), torch.stack(qs) if qs else None)

@@ -1,0 +1,102 @@
+"""Adaptive draft length and automatic switch-off, on synthetic costs."""
+
+import itertools
+import time
+
+import pytest
+
+from engine.decoding import decode
+from engine.drafters import Draft
+from engine.drafters.ngram import NgramDrafter
+from engine.policy import DraftPolicy, choose_gamma, expected_tokens
+from engine.runner import ModelRunner
+from engine.sampling import SamplingParams
+from tests.tiny import tiny_model
+
+
+def flat(t1: float, slope: float):  # type: ignore[no-untyped-def]
+    return lambda k: t1 * (1 + slope * (k - 1))
+
+
+def test_expected_tokens_matches_the_paper() -> None:
+    assert expected_tokens(0.8, 5) == pytest.approx(3.69, abs=0.01)
+    assert expected_tokens(0.6, 2) == pytest.approx(1.96)
+    assert expected_tokens(0.5, 0) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+
+
+def test_choose_gamma_drafts_long_when_cheap_and_accepted() -> None:
+    assert choose_gamma(0.9, 0.001, flat(0.1, 0.02), 8) >= 6
+    long = choose_gamma(0.8, 0.005, flat(0.1, 0.05), 8)
+    short = choose_gamma(0.5, 0.005, flat(0.1, 0.05), 8)
+    assert long > short >= 1
+
+
+def test_choose_gamma_switches_off_when_drafting_cannot_pay() -> None:
+    assert choose_gamma(0.3, 0.05, flat(0.1, 0.9), 8) == 0  # verification costs k times
+    assert choose_gamma(0.05, 0.0, flat(0.1, 0.2), 8) == 0  # nothing gets accepted
+    assert choose_gamma(0.9, 0.2, flat(0.1, 0.05), 8) == 0  # the draft is slower than the target
+
+
+def feed(policy: DraftPolicy, passes: int, accept_all: bool, t1: float = 0.1,
+         slope: float = 0.3) -> list[int]:
+    gammas = []
+    for _ in range(passes):
+        gamma = policy.next_gamma(room=100)
+        gammas.append(gamma)
+        accepted = gamma if accept_all else 0
+        policy.update(gamma, accepted, 0.001 * gamma, t1 * (1 + slope * gamma))
+    return gammas
+
+
+def test_policy_turns_off_on_rejections_and_probes_again() -> None:
+    policy = DraftPolicy(max_gamma=8, start_gamma=4)
+    gammas = feed(policy, 40, accept_all=False)
+    assert gammas[:2] == [4, 0]  # one draft pass, then one plain pass to measure t(1)
+    assert policy.off_passes > 20 and gammas.count(0) == policy.off_passes + 1  # + calibration
+    probes = [i for i, g in enumerate(gammas) if g and i > 0]
+    assert probes, "the policy must probe again after a cool-down"
+    gaps = [b - a for a, b in itertools.pairwise(probes)]
+    assert gaps == sorted(gaps)  # the cool-down grows after each failed probe
+
+
+def test_policy_comes_back_on_when_drafts_are_accepted_again() -> None:
+    policy = DraftPolicy(max_gamma=8)
+    feed(policy, 30, accept_all=False)
+    later = feed(policy, 60, accept_all=True)
+    assert later[-1] >= 4 and later[-10:].count(0) == 0
+
+
+def test_policy_respects_the_room_left() -> None:
+    policy = DraftPolicy(max_gamma=8, start_gamma=8)
+    assert policy.next_gamma(room=3) == 2
+    assert policy.next_gamma(room=1) == 0
+
+
+class SlowWrongDrafter:
+    """Takes 20 ms per draft token and proposes tokens the target will reject."""
+
+    name = "wrong"
+
+    def propose(self, context, k, params, generator):  # type: ignore[no-untyped-def]
+        time.sleep(0.02 * k)
+        return Draft(tuple([63] * k))
+
+    def observe(self, context, proposed, accepted):  # type: ignore[no-untyped-def]
+        pass
+
+
+def test_adaptive_decoding_stays_identical_and_switches_off() -> None:
+    target = tiny_model("llama", vocab_size=64, seed=1, scale=4.0)
+    prompt = [5, 6, 7, 8, 5, 6, 7]
+
+    def run(drafter, policy):  # type: ignore[no-untyped-def]
+        steps = list(decode(ModelRunner(target), prompt, params=SamplingParams(),
+                            max_new_tokens=40, max_context=256, drafter=drafter, policy=policy))
+        return [t for s in steps for t in s.tokens], steps
+
+    plain, _ = run(None, None)
+    assert run(NgramDrafter(), DraftPolicy())[0] == plain
+    tokens, steps = run(SlowWrongDrafter(), DraftPolicy())
+    assert tokens == plain
+    assert sum(s.auto_off for s in steps) > 10
