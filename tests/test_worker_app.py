@@ -45,6 +45,8 @@ class FakeEngine:
                  **_: Any) -> Iterator[TextChunk | Completion]:
         if len(messages[-1]["content"]) > 100:
             raise PromptTooLongError("the conversation is too long")
+        if messages[-1]["content"] == "crash":
+            raise RuntimeError("a bug in the engine")
         self.seen.append(messages[-1]["content"])
         return self._words(max_tokens, method or self.method, cancel or threading.Event())
 
@@ -247,6 +249,8 @@ def test_errors_have_openai_shape_and_the_worker_keeps_serving() -> None:
                 (client.post(url, data=b"x" * 10_000), 413, "request_too_large"),
                 (client.get(url), 405, "method_not_allowed"),
                 (client.get("/v2/nothing"), 404, "not_found"),
+                (client.post(url, json={"messages": [{"role": "user", "content": "crash"}]}),
+                 500, "engine_error"),
             ]
             for request, status, code in cases:
                 resp = await request

@@ -17,7 +17,7 @@ import multiprocessing
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.protocol import METHODS
@@ -45,8 +45,8 @@ class WorkerConfig:
     load_threshold: int
     max_waiting: int
     data_dir: str | None
-    user_token: str | None
-    admin_token: str | None
+    user_token: str | None = field(repr=False)
+    admin_token: str | None = field(repr=False)
 
 
 def build_parser() -> argparse.ArgumentParser:

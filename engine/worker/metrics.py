@@ -66,6 +66,10 @@ class Metrics:
             "anve_spec_accepted_tokens_per_pos", "Passes whose i-th draft token was accepted",
             ["method", "position"], registry=r,
         )
+        self.auto_off_passes = Counter(
+            "anve_spec_auto_off_passes", "Passes the engine ran plain because drafting did not pay",
+            ["method"], registry=r,
+        )
         self.load_off = Counter(
             "anve_spec_load_off_requests", "Requests run without speculation because of load",
             registry=r,
@@ -84,6 +88,7 @@ class Metrics:
         self.passes.labels(method).inc(stats.passes)
         self.drafted.labels(method).inc(stats.drafted)
         self.accepted.labels(method).inc(stats.accepted)
+        self.auto_off_passes.labels(method).inc(getattr(stats, "auto_off_passes", 0))
         for position, count in enumerate(stats.accepted_per_position):
             self.accepted_per_position.labels(method, str(position)).inc(count)
         if stats.time_to_first_token_s is not None:

@@ -110,6 +110,9 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
             raise
         message, code = _http_error(request, exc)
         return error_response(worker, exc.status, message, code)
+    except Exception:
+        log.exception("unexpected error in %s %s", request.method, request.path)
+        return error_response(worker, 500, "internal error; see the worker log", "internal_error")
 
 
 @web.middleware

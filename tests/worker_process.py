@@ -1,0 +1,119 @@
+"""Run the real worker (``python -m engine.worker``) as a subprocess in tests.
+
+:func:`start_worker` starts it on an ephemeral port (``--port 0``), reads the
+``listening`` line it prints, and always stops it (SIGTERM, then SIGKILL).
+:class:`Http` is a tiny stdlib client for raw requests and hand-read streams.
+"""
+
+import contextlib
+import http.client
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class Http:
+    """Plain HTTP to the worker, one connection per request (stdlib only)."""
+
+    def __init__(self, port: int, headers: dict[str, str] | None = None) -> None:
+        self.port, self.headers = port, headers or {}
+
+    def open(self, method: str, path: str, body: Any = None, raw: bytes | None = None,
+             headers: dict[str, str] | None = None) -> tuple[http.client.HTTPConnection,
+                                                              http.client.HTTPResponse]:
+        data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        conn.request(method, path, data, {**self.headers, **(headers or {})})
+        return conn, conn.getresponse()
+
+    def request(self, method: str, path: str, body: Any = None, raw: bytes | None = None,
+                headers: dict[str, str] | None = None) -> Reply:
+        conn, resp = self.open(method, path, body, raw, headers)
+        try:
+            return Reply(resp.status, resp.read())
+        finally:
+            conn.close()
+
+    def get(self, path: str, **kwargs: Any) -> Reply:
+        return self.request("GET", path, **kwargs)
+
+
+class WorkerProcess:
+    """A started worker: its address, its logs, and waiting for it."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], out: Path, err: Path) -> None:
+        self.proc, self.out, self.err = proc, out, err
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.err.read_text(errors="replace").splitlines()[-lines:])
+
+    def wait_listening(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.out.read_text().splitlines():
+                event = json.loads(line)
+                if event.get("event") == "listening":
+                    self.port = int(event["port"])
+                    return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited ({self.proc.returncode}):\n{self.log_tail()}")
+            time.sleep(0.05)
+        raise AssertionError(f"worker did not listen in {timeout} s:\n{self.log_tail()}")
+
+    def wait_ready(self, timeout: float = 120.0, headers: dict[str, str] | None = None) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            health = Http(self.port, headers).get("/health").json()
+            if health["status"] == "ready":
+                return health
+            assert health["status"] == "loading", health
+            time.sleep(0.05)
+        raise AssertionError(f"worker not ready in {timeout} s:\n{self.log_tail()}")
+
+
+@contextlib.contextmanager
+def start_worker(args: list[str], log_dir: Path) -> Iterator[WorkerProcess]:
+    """Start ``python -m engine.worker --port 0 ARGS`` and stop it afterwards."""
+    out, err = log_dir / "worker.out", log_dir / "worker.err"
+    with out.open("wb") as out_fh, err.open("wb") as err_fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "engine.worker", "--port", "0", *args],
+            stdout=out_fh, stderr=err_fh, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    worker = WorkerProcess(proc, out, err)
+    try:
+        worker.wait_listening()
+        yield worker
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
