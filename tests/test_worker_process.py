@@ -1,15 +1,16 @@
 """The real worker process on tiny models, driven by the official ``openai`` client and raw HTTP.
 
 One worker serves the whole module (target: the tiny Llama; draft: an identical copy
-in another folder, so draft tokens are accepted). Tests that change the global
-setting restore it. No timing is asserted except a generous bound on ``/health``.
+in another folder, so draft tokens are accepted). Its greedy answer to PROMPT never
+ends early, so a LONG answer keeps the worker busy until the test hangs up. Tests
+that change the global setting restore it. No timing is asserted except a generous
+bound on ``/health``.
 """
 
 import statistics
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +24,8 @@ PROMPT: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "def add(a, b): the quick brown fox"}
 ]
 N = 24  # answer tokens in most tests
-LONG = 200  # answer tokens that keep the worker busy until the test hangs up
+CONTEXT = 4096
+LONG = 4000  # answer tokens that keep even a fast machine busy until the test hangs up
 ISSUE_FIELDS = {
     "method", "enabled", "passes", "drafted", "accepted", "acceptance_rate",
     "mean_accepted_length", "accepted_per_position", "tokens_per_second",
@@ -32,10 +34,12 @@ ISSUE_FIELDS = {
 
 
 @pytest.fixture(scope="module")
-def worker(tiny_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
     tmp = tmp_path_factory.mktemp("worker")
-    draft = save_tiny(tmp / "tiny-draft")
-    args = ["--profile", "light", "--target", str(tiny_folder), "--draft", str(draft),
+    # The tiny Llama of tests.tiny with room for LONG answers; the draft is an identical copy.
+    target = save_tiny(tmp / "tiny-llama", max_positions=CONTEXT)
+    draft = save_tiny(tmp / "tiny-draft", max_positions=CONTEXT)
+    args = ["--profile", "light", "--target", str(target), "--draft", str(draft),
             "--method", "draft", "--data-dir", str(tmp / "data")]
     with start_worker(args, tmp) as proc:
         proc.wait_ready()
@@ -263,7 +267,7 @@ BAD_REQUESTS = [
     ("stop type", {"body": {"messages": PROMPT, "stop": 7}}, 400, "stop"),
     ("unloaded method", {"body": {"messages": PROMPT, "speculation": {"method": "eagle"}}},
      400, "speculation"),
-    ("over-long prompt", {"body": {"messages": [{"role": "user", "content": "fox " * 400}]}},
+    ("over-long prompt", {"body": {"messages": [{"role": "user", "content": "fox " * CONTEXT}]}},
      400, None),
     ("oversize body", {"raw": b"x" * (3 << 20)}, 413, None),
 ]
