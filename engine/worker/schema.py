@@ -117,16 +117,12 @@ def _sampling(body: Mapping[str, Any]) -> SamplingParams:
     seed = _integer(body, "seed", None, 0)
     if seed is not None and seed > MAX_SEED:
         raise FieldError("seed", f"seed must be at most {MAX_SEED}")
+    temperature = _number(body, "temperature", 1.0)
+    top_p = _number(body, "top_p", 1.0)
+    top_k = _integer(body, "top_k", 0, 0) or 0
     try:
-        return SamplingParams(
-            temperature=_number(body, "temperature", 1.0),
-            top_p=_number(body, "top_p", 1.0),
-            top_k=_integer(body, "top_k", 0, 0) or 0,
-            seed=seed,
-        )
-    except FieldError:
-        raise
-    except BadRequestError as exc:
+        return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    except BadRequestError as exc:  # its messages start with the field's name
         raise FieldError(str(exc).split(" ", 1)[0], str(exc)) from None
 
 
