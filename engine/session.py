@@ -120,6 +120,7 @@ class ChatEngine:
         }
         if draft is not None:
             self.drafters["draft"] = DraftModelDrafter(draft, target.vocab_size)
+        self.policies: dict[str, DraftPolicy] = {}
         self.method = self.check_method(method or ("draft" if draft is not None else "ngram"))
         self.num_draft_tokens = self.check_num_draft_tokens(num_draft_tokens)
 
@@ -224,6 +225,12 @@ class ChatEngine:
             stop = [stop]
         return self._run(list(prompt), params, max_tokens, list(stop), method, k, cancel)
 
+    def _policy(self, method: str) -> DraftPolicy:
+        """The method's adaptive policy: costs measured on earlier answers are kept."""
+        policy = self.policies.setdefault(method, DraftPolicy(max_gamma=MAX_ADAPTIVE))
+        policy.new_answer()
+        return policy
+
     def _run(
         self,
         prompt: list[int],
@@ -245,7 +252,7 @@ class ChatEngine:
             max_context=self.target.max_context, stop_ids=self.target.eos_ids,
             drafter=None if method == "off" else self.drafters[method],
             num_draft_tokens=k if isinstance(k, int) else MAX_ADAPTIVE,
-            policy=DraftPolicy(max_gamma=MAX_ADAPTIVE) if adaptive else None, cancel=cancel,
+            policy=self._policy(method) if adaptive else None, cancel=cancel,
         )
         finish = "length"
         for step in steps:

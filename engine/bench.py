@@ -1,0 +1,347 @@
+"""Benchmark: our decoding methods against plain decoding and transformers' own.
+
+``python -m engine.bench`` runs, in one process, on the same models and prompts
+(``assets/bench/prompts.json``: code completion, code editing, summaries quoting a
+document, free chat; chat template applied, greedy, up to 128 new tokens):
+
+* plain decoding (our loop, no drafter) — the baseline every speedup is against;
+* each of our drafters with a fixed draft length and with the adaptive policy;
+* transformers' ``generate(assistant_model=...)`` and ``generate(prompt_lookup_num_tokens=...)``.
+
+Columns: tokens/s (completion tokens / wall time including the prompt), speedup over
+our plain decoding, acceptance rate, mean tokens per target pass, whether the token
+ids equal plain decoding's, and peak RSS. Also the verification cost ``t(k)/t(1)``
+of a target forward over ``k`` tokens with a warm cache, and the memory-bandwidth
+ceiling (copy bandwidth / bytes of weights read per token). ``--quick`` uses the
+light profile and four prompts. Results go to a JSON file and a Markdown table.
+"""
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+
+from engine.drafters.suffix import SuffixDrafter
+from engine.protocol import Completion
+from engine.registry import PROFILES
+from engine.runner import ModelRunner
+from engine.session import ADAPTIVE, ChatEngine, DraftLength
+
+log = logging.getLogger(__name__)
+
+PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "bench" / "prompts.json"
+KINDS = ("code completion", "code editing", "summary", "free chat")
+
+
+@dataclass
+class Run:
+    """One prompt under one row."""
+
+    kind: str
+    tokens: list[int]
+    seconds: float
+    passes: int | None = None
+    drafted: int | None = None
+    accepted: int | None = None
+    auto_off: int = 0
+
+
+@dataclass
+class Row:
+    name: str
+    runs: list[Run] = field(default_factory=list)
+    peak_rss: int = 0
+
+
+def load_prompts(path: Path, per_kind: int) -> list[dict[str, str]]:
+    prompts = json.loads(path.read_text())["prompts"]
+    chosen = []
+    for kind in KINDS:
+        chosen += [p for p in prompts if p["kind"] == kind][:per_kind]
+    return chosen
+
+
+@contextmanager
+def peak_rss(row: Row) -> Iterator[None]:
+    """Sample this process's RSS every 20 ms while the block runs."""
+    proc, done = psutil.Process(), threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.02):
+            row.peak_rss = max(row.peak_rss, proc.memory_info().rss)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def reset(engine: ChatEngine) -> None:
+    """Fresh caches and policies, and an empty suffix corpus, before each row."""
+    engine.runner.reset()
+    engine.policies.clear()
+    engine.drafters["suffix"] = SuffixDrafter()
+    draft = engine.drafters.get("draft")
+    if draft is not None:
+        draft.reset()  # type: ignore[attr-defined]
+
+
+def run_ours(engine: ChatEngine, ids: list[int], kind: str, method: str, k: DraftLength,
+             max_tokens: int) -> Run:
+    engine.runner.reset()
+    *_, done = engine.generate_ids(ids, max_tokens=max_tokens, method=method, num_draft_tokens=k)
+    assert isinstance(done, Completion)
+    s = done.stats
+    return Run(kind, list(done.token_ids), s.total_s, s.passes, s.drafted, s.accepted,
+               s.auto_off_passes)
+
+
+def run_transformers(engine: ChatEngine, ids: list[int], kind: str, mode: str,
+                     max_tokens: int) -> Run:
+    """transformers' generate() with its own assisted generation or prompt lookup."""
+    model = engine.target.model
+    calls = [0]
+    hook = model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    extra: dict[str, Any] = (
+        {"assistant_model": engine.draft.model} if mode == "assisted" and engine.draft
+        else {"prompt_lookup_num_tokens": 10}
+    )
+    x = torch.tensor([ids])
+    start = time.perf_counter()
+    try:
+        with torch.inference_mode():
+            out = model.generate(
+                x, attention_mask=torch.ones_like(x), max_new_tokens=max_tokens, do_sample=False,
+                eos_token_id=sorted(engine.target.eos_ids),
+                pad_token_id=engine.target.tokenizer.pad_token_id or 0, **extra,
+            )
+    finally:
+        hook.remove()
+    seconds = time.perf_counter() - start
+    tokens = [int(t) for t in out[0, len(ids):]]
+    while tokens and tokens[-1] in engine.target.eos_ids:
+        tokens.pop()
+    return Run(kind, tokens, seconds, passes=calls[0])
+
+
+def verification_costs(engine: ChatEngine, ks: tuple[int, ...] = (1, 2, 4, 8),
+                       reps: int = 5) -> dict[int, float]:
+    """Median seconds of one target forward over k new tokens after a warm 128-token cache."""
+    runner = ModelRunner(engine.target.model)
+    context = list(range(100, 228))
+    runner.sync(context)
+    costs = {}
+    for k in ks:
+        times = []
+        for _ in range(reps + 1):
+            start = time.perf_counter()
+            runner.forward(list(range(300, 300 + k)), rows=k)
+            times.append(time.perf_counter() - start)
+            runner.truncate(len(context))
+        costs[k] = sorted(times[1:])[reps // 2]
+    return costs
+
+
+def copy_bandwidth(megabytes: int = 256) -> float:
+    """Bytes moved per second (read + write) copying a large buffer, best of 5."""
+    src = torch.ones(megabytes << 18)  # float32: 4 bytes each
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * src.numel() * 4 / best
+
+
+def weight_bytes_per_token(model: Any) -> int:
+    """Bytes of weights one decoding step reads (the input embedding is a row gather)."""
+    embedding = model.get_input_embeddings().weight
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    tied = model.get_output_embeddings().weight.data_ptr() == embedding.data_ptr()
+    return total if tied else total - embedding.numel() * embedding.element_size()
+
+
+def summarise(rows: list[Row], kinds: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Per row and kind (and 'overall'): tok/s, speedup, acceptance, identical, RSS."""
+    table = []
+    for row in rows:
+        for kind in (*kinds, "overall"):
+            runs = [r for r in row.runs if kind in ("overall", r.kind)]
+            base = [r for r in rows[0].runs if kind in ("overall", r.kind)]
+            if not runs:
+                continue
+            tps = sum(len(r.tokens) for r in runs) / sum(r.seconds for r in runs)
+            base_tps = sum(len(r.tokens) for r in base) / sum(r.seconds for r in base)
+            drafted = sum(r.drafted or 0 for r in runs)
+            accepted = sum(r.accepted or 0 for r in runs)
+            passes = sum(r.passes or 0 for r in runs)
+            same = sum(r.tokens == b.tokens for r, b in zip(runs, base, strict=True))
+            table.append({
+                "row": row.name, "kind": kind, "tokens_per_s": tps, "speedup": tps / base_tps,
+                "acceptance_rate": accepted / drafted if drafted else None,
+                "tokens_per_pass": sum(len(r.tokens) for r in runs) / passes if passes else None,
+                "identical": f"{same}/{len(runs)}", "peak_rss_gb": row.peak_rss / 2**30,
+                "auto_off_passes": sum(r.auto_off for r in runs),
+            })
+    return table
+
+
+def fmt(value: Any, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    lines = [
+        f"Benchmark {meta['date']} · {meta['machine']} · target {meta['target']}"
+        + (f" + draft {meta['draft']}" if meta["draft"] else "")
+        + f" · {meta['prompts']} prompts · ≤{meta['max_tokens']} new tokens · greedy",
+        "",
+        "| row | tok/s | speedup | acceptance | tokens/pass | identical | peak RSS |",
+        "| --- | ---: | ---: | ---: | ---: | :---: | ---: |",
+    ]
+    for r in (r for r in summary if r["kind"] == "overall"):
+        lines.append(
+            f"| {r['row']} | {r['tokens_per_s']:.2f} | {r['speedup']:.2f}× | "
+            f"{fmt(r['acceptance_rate'], '.0%')} | {fmt(r['tokens_per_pass'], '.2f')} | "
+            f"{r['identical']} | {r['peak_rss_gb']:.1f} GB |"
+        )
+    kinds = [k for k in KINDS if any(r["kind"] == k for r in summary)]
+    lines += ["", "Speedup over plain by prompt kind:", "",
+              "| row | " + " | ".join(kinds) + " |", "| --- |" + " ---: |" * len(kinds)]
+    for name in dict.fromkeys(r["row"] for r in summary):
+        cells = [next(r for r in summary if r["row"] == name and r["kind"] == k) for k in kinds]
+        lines.append(f"| {name} | " + " | ".join(f"{c['speedup']:.2f}×" for c in cells) + " |")
+    costs = meta["verify_cost_s"]
+    lines += ["", "Verification cost t(k)/t(1) of one target forward (warm cache): "
+              + ", ".join(f"k={k}: {costs[k] / costs[1]:.2f}" for k in costs)
+              + f" (t(1) = {costs[1] * 1000:.0f} ms).",
+              f"Memory-bandwidth ceiling: {meta['copy_gb_s']:.1f} GB/s copy / "
+              f"{meta['weight_gb']:.2f} GB of weights per token = {meta['ceiling_tps']:.2f} tok/s; "
+              f"plain decoding reaches {meta['plain_pct_of_ceiling']:.0f} % of it."]
+    return "\n".join(lines) + "\n"
+
+
+RowSpec = tuple[str, Callable[[ChatEngine, list[int], str], Run]]
+
+
+def row_specs(engine: ChatEngine, k: int, max_tokens: int) -> list[RowSpec]:
+    """The rows to run, first the plain baseline; only methods the models allow."""
+
+    def ours(method: str, length: DraftLength) -> Callable[[ChatEngine, list[int], str], Run]:
+        return lambda e, ids, kind: run_ours(e, ids, kind, method, length, max_tokens)
+
+    def peer(mode: str) -> Callable[[ChatEngine, list[int], str], Run]:
+        return lambda e, ids, kind: run_transformers(e, ids, kind, mode, max_tokens)
+
+    specs: list[RowSpec] = [("plain (ours)", ours("off", k))]
+    for method in ("draft", "ngram", "suffix"):
+        if method in engine.methods:
+            specs += [(f"{method} k={k}", ours(method, k)),
+                      (f"{method} adaptive", ours(method, ADAPTIVE))]
+    if engine.draft is not None:
+        specs.append(("transformers assisted (draft model)", peer("assisted")))
+    specs.append(("transformers prompt lookup", peer("lookup")))
+    return specs
+
+
+def run_rows(engine: ChatEngine, specs: list[RowSpec], prompts: list[dict[str, str]]) -> list[Row]:
+    encoded = [(p["kind"], engine.encode([{"role": "user", "content": p["prompt"]}]))
+               for p in prompts]
+    rows = []
+    for name, fn in specs:
+        row = Row(name)
+        reset(engine)
+        fn(engine, encoded[0][1][:32], encoded[0][0])  # warm-up, not measured
+        reset(engine)
+        with peak_rss(row):
+            for kind, ids in encoded:
+                row.runs.append(fn(engine, ids, kind))
+        log.info("%-36s %6.2f tok/s", name,
+                 sum(len(r.tokens) for r in row.runs) / sum(r.seconds for r in row.runs))
+        rows.append(row)
+    return rows
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gib = psutil.virtual_memory().total / 2**30
+    return f"{cpu}, {torch.get_num_threads()} threads, {gib:.0f} GiB, torch {torch.__version__}"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="light profile, 1 prompt per kind")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default=None)
+    parser.add_argument("--per-kind", type=int, default=None, help="prompts per kind (max 4)")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--k", type=int, default=4, help="fixed draft length of the fixed rows")
+    parser.add_argument("--rows", default="", help="comma-separated substrings: run only these")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--data-dir", default=None)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    profile = args.profile or ("light" if args.quick else "appliance")
+    per_kind = args.per_kind or (1 if args.quick else 4)
+    target, draft = PROFILES[profile]
+    engine = ChatEngine.load(target, draft, dtype=args.dtype, data_dir=args.data_dir)
+    specs = row_specs(engine, args.k, args.max_tokens)
+    wanted = [w for w in args.rows.split(",") if w]
+    specs = [s for i, s in enumerate(specs)
+             if i == 0 or not wanted or any(w in s[0] for w in wanted)]
+    prompts = load_prompts(PROMPTS, per_kind)
+    costs = verification_costs(engine)
+    bandwidth = copy_bandwidth()
+    rows = run_rows(engine, specs, prompts)
+    summary = summarise(rows, KINDS)
+    weights = weight_bytes_per_token(engine.target.model)
+    plain_tps = next(r["tokens_per_s"] for r in summary if r["kind"] == "overall")
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(), "profile": profile,
+        "target": target, "draft": draft, "dtype": args.dtype, "prompts": len(prompts),
+        "max_tokens": args.max_tokens, "verify_cost_s": costs, "copy_gb_s": bandwidth / 1e9,
+        "weight_gb": weights / 1e9, "ceiling_tps": bandwidth / weights,
+        "plain_pct_of_ceiling": 100 * plain_tps / (bandwidth / weights),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"bench-{profile}-{time.strftime('%Y%m%d-%H%M')}"
+    table = markdown(summary, meta)
+    stem.with_suffix(".md").write_text(table)
+    stem.with_suffix(".json").write_text(json.dumps(
+        {"meta": meta, "summary": summary, "rows": [asdict(r) for r in rows]}, indent=1))
+    sys.stdout.write(table)
+    log.info("wrote %s.json and .md", stem)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())
