@@ -1,0 +1,23 @@
+"""The terminal chat: streaming, commands and errors, driven through text streams."""
+
+import io
+
+from engine.chat import parse_args, repl
+from engine.session import ChatEngine
+from tests.tiny import tiny_loaded
+
+
+def test_terminal_chat_streams_answers_and_handles_commands() -> None:
+    engine = ChatEngine(tiny_loaded(seed=1, scale=4.0))
+    inp = io.StringIO("hello there\n/method suffix\n/k 3\n/method medusa\n/help\n"
+                      "/k adaptive\nand again\n/reset\n/quit\nnever read\n")
+    out = io.StringIO()
+    repl(engine, parse_args(["--max-tokens", "8"]), inp, out)
+    text = out.getvalue()
+    assert text.count("anve> ") == 2
+    assert "8 tokens" in text and "speculation off" not in text
+    assert "(method suffix, k=3)" in text
+    assert "unknown method 'medusa'" in text
+    assert "commands: /method {off,ngram,suffix}" in text
+    assert engine.method == "suffix" and engine.num_draft_tokens == "adaptive"
+    assert "never read" not in text
