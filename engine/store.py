@@ -37,6 +37,7 @@ class PreparedModel:
     folder: Path
     sha256: str | None  # of the source GGUF, when there was one
     weight_bytes: int  # bytes of the dense weights on disk (what loading will occupy)
+    gguf: Path | None = None  # the verified source GGUF, when there was one
 
 
 def _noop(fraction: float, message: str) -> None:
@@ -85,7 +86,7 @@ def prepare(
     if not _cache_valid(cache, sha):
         convert(gguf_file, cache, sha, progress)
     progress(1.0, f"{name} ready")
-    return PreparedModel(name, cache, sha, _folder_weight_bytes(cache))
+    return PreparedModel(name, cache, sha, _folder_weight_bytes(cache), gguf_file)
 
 
 def _cache_valid(cache: Path, sha: str) -> bool:
