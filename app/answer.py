@@ -1,0 +1,201 @@
+"""One streamed answer: its text, draft pieces, timeline and statistics. No Qt here.
+
+Contract: :class:`AnswerStream` takes the worker's SSE payloads (``chat.completion.chunk``
+objects, see ``engine/worker/schema.py``) in order with the time they arrived and keeps
+
+* ``text`` and ``pieces`` (``[[text, from_draft], ...]``, neighbours merged),
+* ``timeline``: ``(seconds since the request, new text)`` per chunk, for the demo replay,
+* live estimates (:meth:`AnswerStream.live_stats`): tokens, tokens/s, time to first
+  token, tokens per target pass and accepted drafts per position, counted from the
+  chunks (one chunk per target pass; ``anve.tokens`` counts its tokens),
+* the worker's measured :class:`AnswerStats` once the final chunk arrives.
+
+Rates the worker did not measure are ``None``; ``estimated`` marks numbers the app
+counted itself (while streaming, or for an answer stopped before its final chunk).
+"""
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+METHOD_NAMES = {
+    "draft": "draft model", "ngram": "n-gram lookup", "suffix": "suffix lookup",
+    "eagle": "EAGLE head", "off": "plain decoding",
+}
+
+
+def method_name(method: str | None) -> str:
+    return METHOD_NAMES.get(method or "", method or "unknown")
+
+
+@dataclass(frozen=True)
+class AnswerStats:
+    """What an answer measured (the worker's ``speculation`` object plus usage)."""
+
+    method: str = "unknown"
+    enabled: bool = False
+    disabled_reason: str | None = None
+    num_draft_tokens: int | str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    acceptance_rate: float | None = None
+    mean_accepted_length: float | None = None
+    accepted_per_position: tuple[int, ...] = ()
+    tokens_per_second: float | None = None
+    time_to_first_token_s: float | None = None
+    finish_reason: str | None = None
+    estimated: bool = False
+
+    @classmethod
+    def from_final_chunk(cls, chunk: dict[str, Any]) -> "AnswerStats":
+        spec = chunk.get("speculation") or {}
+        usage = chunk.get("usage") or {}
+        choices = chunk.get("choices") or [{}]
+        return cls(
+            method=str(spec.get("method", "unknown")),
+            enabled=bool(spec.get("enabled", False)),
+            disabled_reason=spec.get("disabled_reason"),
+            num_draft_tokens=spec.get("num_draft_tokens"),
+            prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            completion_tokens=int(usage.get("completion_tokens", 0)),
+            passes=int(spec.get("passes", 0)),
+            drafted=int(spec.get("drafted", 0)),
+            accepted=int(spec.get("accepted", 0)),
+            acceptance_rate=spec.get("acceptance_rate"),
+            mean_accepted_length=spec.get("mean_accepted_length"),
+            accepted_per_position=tuple(spec.get("accepted_per_position") or ()),
+            tokens_per_second=spec.get("tokens_per_second"),
+            time_to_first_token_s=spec.get("time_to_first_token_s"),
+            finish_reason=choices[0].get("finish_reason"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["accepted_per_position"] = list(self.accepted_per_position)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> "AnswerStats | None":
+        if not data:
+            return None
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        known["accepted_per_position"] = tuple(known.get("accepted_per_position") or ())
+        return cls(**known)
+
+    @property
+    def position_rates(self) -> list[float]:
+        """Share of target passes whose i-th draft token was accepted."""
+        if not self.passes:
+            return []
+        return [n / self.passes for n in self.accepted_per_position]
+
+
+def stored_stats(stored: dict[str, Any] | None) -> AnswerStats | None:
+    """The measured stats inside a message's stored stats ``{"measured", "outcome", "note"}``."""
+    return AnswerStats.from_dict((stored or {}).get("measured"))
+
+
+def footer_text(stats: AnswerStats) -> str:
+    """One line under an answer: tokens · tok/s · first token · method · acceptance."""
+    parts = [f"{stats.completion_tokens} tokens"]
+    if stats.tokens_per_second is not None:
+        parts.append(f"{stats.tokens_per_second:.1f} tok/s")
+    if stats.time_to_first_token_s is not None:
+        parts.append(f"first token {stats.time_to_first_token_s:.2f} s")
+    if stats.enabled:
+        parts.append(method_name(stats.method))
+    elif stats.disabled_reason == "load":
+        parts.append("speculation off: high load")
+    else:
+        parts.append("plain decoding")
+    if stats.acceptance_rate is not None:
+        parts.append(f"{stats.acceptance_rate:.0%} accepted")
+    if stats.mean_accepted_length is not None:
+        parts.append(f"{stats.mean_accepted_length:.2f} tokens/pass")
+    text = " · ".join(parts)
+    return f"≈ {text}" if stats.estimated else text
+
+
+def merge_pieces(pieces: list[list[Any]], new: list[list[Any]]) -> None:
+    """Append ``new`` pieces to ``pieces``, joining neighbours with the same flag."""
+    for text, flag in new:
+        if not text:
+            continue
+        if pieces and bool(pieces[-1][1]) == bool(flag):
+            pieces[-1][0] += text
+        else:
+            pieces.append([text, bool(flag)])
+
+
+@dataclass
+class AnswerStream:
+    """Accumulates one streamed answer; times are ``loop.time()`` seconds."""
+
+    started: float
+    text: str = ""
+    pieces: list[list[Any]] = field(default_factory=list)
+    timeline: list[tuple[float, str]] = field(default_factory=list)
+    tokens: int = 0
+    passes: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    final: AnswerStats | None = None
+    model: str = ""
+
+    def add(self, chunk: dict[str, Any], now: float) -> None:
+        """Take one SSE payload that arrived at ``now``."""
+        self.model = chunk.get("model", self.model)
+        choices = chunk.get("choices") or [{}]
+        delta = choices[0].get("delta") or {}
+        if chunk.get("speculation") is not None or chunk.get("usage") is not None:
+            self.final = AnswerStats.from_final_chunk(chunk)
+        content = delta.get("content") or ""
+        if not content:
+            return
+        anve = chunk.get("anve") or {}
+        pieces = anve.get("pieces") or [[content, False]]
+        n = int(anve.get("tokens") or 1)
+        self._count_pass(n, any(flag for _, flag in pieces))
+        self.text += content
+        merge_pieces(self.pieces, pieces)
+        self.timeline.append((now - self.started, content))
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.last_token_at = now
+
+    def _count_pass(self, tokens: int, drafted: bool) -> None:
+        self.tokens += tokens
+        self.passes += 1
+        accepted = tokens - 1 if drafted else 0
+        while len(self.accepted_per_position) < accepted:
+            self.accepted_per_position.append(0)
+        for i in range(accepted):
+            self.accepted_per_position[i] += 1
+
+    def live_stats(self, now: float) -> AnswerStats:
+        """The app's own count so far (``estimated``)."""
+        rate = None
+        if self.first_token_at is not None and self.tokens > 1:
+            elapsed = max(now, self.last_token_at or now) - self.first_token_at
+            rate = (self.tokens - 1) / elapsed if elapsed > 0 else None
+        ttft = None if self.first_token_at is None else self.first_token_at - self.started
+        return AnswerStats(
+            enabled=any(self.accepted_per_position),
+            completion_tokens=self.tokens,
+            passes=self.passes,
+            accepted=sum(self.accepted_per_position),
+            mean_accepted_length=self.tokens / self.passes if self.passes else None,
+            accepted_per_position=tuple(self.accepted_per_position),
+            tokens_per_second=rate,
+            time_to_first_token_s=ttft,
+            estimated=True,
+        )
+
+    def stats(self, now: float) -> AnswerStats:
+        """The worker's numbers when it sent them, else the app's estimate."""
+        if self.final is not None:
+            return self.final
+        return replace(self.live_stats(now), finish_reason="cancelled")

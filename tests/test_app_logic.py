@@ -1,0 +1,187 @@
+"""The app's Qt-free logic: answer accounting, SSE, Markdown split, demo, passphrase, export."""
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from app.answer import AnswerStats, AnswerStream, footer_text, merge_pieces
+from app.client import AnswerRequest, Health, error_message, parse_sse_line
+from app.demo import compare, duration, first_difference, speedup, text_at
+from app.export import render, to_json, to_markdown
+from app.lag import LagMeter
+from app.markdown import draft_html, split_blocks
+from app.passphrase import hash_passphrase, verify, weakness
+from app.store import COMPLETE, INTERRUPTED, ChatSettings, Conversation, Message
+
+FINAL = {
+    "model": "t", "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+    "usage": {"prompt_tokens": 9, "completion_tokens": 7, "total_tokens": 16},
+    "speculation": {
+        "method": "draft", "enabled": True, "disabled_reason": None, "num_draft_tokens": 4,
+        "passes": 3, "drafted": 8, "accepted": 4, "acceptance_rate": 0.5,
+        "mean_accepted_length": 2.33, "accepted_per_position": [2, 1, 1],
+        "tokens_per_second": 41.5, "time_to_first_token_s": 0.12,
+    },
+}
+
+
+def chunk(text: str, pieces: list[list[object]], tokens: int) -> dict[str, object]:
+    return {"model": "t", "choices": [{"index": 0, "delta": {"content": text}}],
+            "anve": {"pieces": pieces, "tokens": tokens}}
+
+
+def test_answer_stream_counts_passes_and_takes_the_final_stats() -> None:
+    answer = AnswerStream(started=10.0)
+    answer.add({"choices": [{"delta": {"role": "assistant", "content": ""}}]}, 10.05)
+    answer.add(chunk("Hello", [["Hello", False]], 1), 10.1)
+    answer.add(chunk(" big world", [[" big", True], [" world", False]], 3), 10.2)
+    answer.add(chunk("!", [["!", True]], 2), 10.3)
+    live = answer.live_stats(10.3)
+    assert (live.completion_tokens, live.passes) == (6, 3)
+    assert live.accepted_per_position == (2, 1)
+    assert live.time_to_first_token_s == pytest.approx(0.1)
+    assert live.tokens_per_second == pytest.approx(5 / 0.2)
+    assert live.estimated and answer.final is None
+    assert answer.text == "Hello big world!"
+    assert answer.pieces == [["Hello", False], [" big", True], [" world", False], ["!", True]]
+    assert [t for t, _ in answer.timeline] == pytest.approx([0.1, 0.2, 0.3])
+    answer.add(FINAL, 10.4)
+    stats = answer.stats(10.4)
+    assert stats.method == "draft" and stats.completion_tokens == 7
+    assert stats.position_rates == pytest.approx([2 / 3, 1 / 3, 1 / 3])
+    assert stats.finish_reason == "length" and not stats.estimated
+
+
+def test_stats_round_trip_and_footer() -> None:
+    stats = AnswerStats.from_final_chunk(FINAL)
+    assert AnswerStats.from_dict(stats.to_dict()) == stats
+    assert AnswerStats.from_dict(None) is None
+    assert footer_text(stats) == (
+        "7 tokens · 41.5 tok/s · first token 0.12 s · draft model · 50% accepted · "
+        "2.33 tokens/pass"
+    )
+    off = AnswerStats(method="off", completion_tokens=3, disabled_reason="load")
+    assert "speculation off: high load" in footer_text(off)
+    assert footer_text(AnswerStats(completion_tokens=2, estimated=True)).startswith("≈ 2 tokens")
+
+
+def test_merge_pieces_joins_neighbours() -> None:
+    pieces: list[list[object]] = [["a", True]]
+    merge_pieces(pieces, [["b", True], ["", False], ["c", False], ["d", False]])
+    assert pieces == [["ab", True], ["cd", False]]
+
+
+def test_sse_lines_and_errors() -> None:
+    assert parse_sse_line(b'data: {"a": 1}\n') == {"a": 1}
+    assert parse_sse_line(b"data: [DONE]\n") == "[DONE]"
+    assert parse_sse_line(b"\n") is None
+    assert parse_sse_line(b": keep-alive\n") is None
+    assert error_message({"error": {"message": "too long"}}, 400) == "too long"
+    assert error_message(None, 502) == "the worker answered HTTP 502"
+
+
+def test_health_says_why_input_is_blocked() -> None:
+    assert Health("ready").blocked_reason() is None
+    assert "Loading the models (40%): converting" in str(
+        Health("loading", 0.4, "converting").blocked_reason()
+    )
+    assert "not answering" in str(Health("unreachable", message="refused").blocked_reason())
+    body = AnswerRequest([{"role": "user", "content": "hi"}], 0.0, 16, {"method": "off"}).body()
+    assert body["stream"] is True and body["speculation"] == {"method": "off"}
+
+
+def test_markdown_blocks_round_trip_and_open_fences() -> None:
+    text = "Intro **bold**\n\n```python\ndef f():\n    return 1\n```\nAfter.\n~~~\nraw\n"
+    blocks = split_blocks(text)
+    assert [(b.kind, b.language, b.closed) for b in blocks] == [
+        ("text", "", True), ("code", "python", True), ("text", "", True), ("code", "", False),
+    ]
+    assert blocks[1].text == "def f():\n    return 1"
+    assert "".join(b.source for b in blocks) == text
+    assert split_blocks("```\na\n````\nb") [0].text == "a"
+    assert split_blocks("") == []
+
+
+def test_draft_html_escapes_and_highlights() -> None:
+    html = draft_html([["<a>", False], ["b\nc", True]], "#abc")
+    assert "&lt;a&gt;" in html
+    assert '<span style="background-color:#abc;">b<br>c</span>' in html
+
+
+def test_demo_comparison_replay_and_speedup() -> None:
+    assert first_difference("abc", "abc") is None
+    assert first_difference("abc", "abd") == 2
+    assert first_difference("ab", "abc") == 2
+    assert compare("same", "same", 3, 3).identical
+    assert not compare("same", "same", 3, 4).identical
+    diff = compare("the cat sat", "the cab sat")
+    assert (diff.identical, diff.index) == (False, 6)
+    assert "character 6" in diff.describe()
+    timeline = [(0.1, "a"), (0.2, "b"), (0.4, "c")]
+    assert [text_at(timeline, t) for t in (0.0, 0.1, 0.3, 9)] == ["", "a", "ab", "abc"]
+    assert duration(timeline) == 0.4
+    assert speedup(10.0, 25.0) == 2.5
+    assert speedup(None, 25.0) is None
+
+
+def test_passphrase_hash_and_verify() -> None:
+    record = hash_passphrase("correct horse")
+    assert record.startswith("scrypt$") and "correct" not in record
+    assert verify("correct horse", record)
+    assert not verify("wrong horse", record)
+    assert not verify("correct horse", "garbage")
+    assert hash_passphrase("correct horse") != record  # salted
+    assert weakness("short", "short") is not None
+    assert weakness("long enough", "different!") == "The two passphrases differ."
+    assert weakness("long enough", "long enough") is None
+
+
+def test_export_markdown_and_json() -> None:
+    conversation = Conversation(1, "Heating", 0.0, 0.0, ChatSettings("Be brief.", 0.3, 99))
+    stats = {"measured": AnswerStats.from_final_chunk(FINAL).to_dict()}
+    messages = [
+        Message(1, 1, "user", "When?", 0.0),
+        Message(2, 1, "assistant", "Tuesday.", 1.0, COMPLETE, stats),
+        Message(3, 1, "assistant", "Part", 2.0, INTERRUPTED),
+    ]
+    md = to_markdown(conversation, messages)
+    assert md.startswith("# Heating\n")
+    assert "## You\n\nWhen?" in md and "## ANVE\n\nTuesday." in md
+    assert "*7 tokens · 41.5 tok/s" in md and "*(interrupted)*" in md
+    data = json.loads(to_json(conversation, messages))
+    assert data["settings"]["max_tokens"] == 99
+    assert [m["status"] for m in data["messages"]] == ["complete", "complete", "interrupted"]
+    assert render("json", conversation, messages) == to_json(conversation, messages)
+    with pytest.raises(ValueError):
+        render("pdf", conversation, messages)
+
+
+def test_lag_meter_sees_a_blocked_loop() -> None:
+    async def scenario() -> tuple[float, float]:
+        meter = LagMeter(interval=0.005)
+        meter.start()
+        await asyncio.sleep(0.05)
+        calm = meter.summary().max_ms
+        meter.reset()
+        await asyncio.sleep(0.01)
+        time.sleep(0.08)  # block the loop
+        await asyncio.sleep(0.02)
+        await meter.stop()
+        return calm, meter.summary().max_ms
+
+    calm, blocked = asyncio.run(scenario())
+    assert blocked >= 60 > calm
+
+
+def test_markdown_splits_paragraphs_and_long_text() -> None:
+    text = "One.\n\nTwo\nstill two.\n\n\n- a\n- b\n"
+    blocks = split_blocks(text)
+    assert [b.text for b in blocks] == ["One.", "Two\nstill two.", "- a\n- b"]
+    assert "".join(b.source for b in blocks) == text
+    long = "word " * 1000
+    pieces = split_blocks(long)
+    assert len(pieces) > 3 and all(len(b.source) <= 1500 for b in pieces)
+    assert "".join(b.source for b in pieces) == long
+    assert all(len(b.source) <= 1500 for b in split_blocks("x" * 4000))
