@@ -7,7 +7,8 @@ the offending ``param``). The ``*_json`` functions build plain dicts for
 a request may carry ``speculation`` (``method``, ``num_draft_tokens``) and ``top_k``;
 a response carries ``speculation`` (what the answer measured) and chunks carry
 ``anve.pieces``: ``[[text, from_draft], ...]``, telling which text came from accepted
-draft tokens. Unknown request fields are ignored, as OpenAI-compatible servers do.
+draft tokens (streamed chunks also carry ``anve.tokens``, the tokens of that pass).
+Unknown request fields are ignored, as OpenAI-compatible servers do.
 """
 
 import time

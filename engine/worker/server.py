@@ -272,7 +272,8 @@ async def _stream_payloads(
     while True:
         event = await job.events.get()
         if isinstance(event, TextChunk) and event.text:
-            yield chunk_json(answer, {"content": event.text}, anve=pieces_json(event.pieces))
+            anve = {**pieces_json(event.pieces), "tokens": len(event.token_ids)}
+            yield chunk_json(answer, {"content": event.text}, anve=anve)
         elif isinstance(event, Completion):
             final = _final_fields(job, event, started)
             yield chunk_json(answer, {}, event.finish_reason, **final)
