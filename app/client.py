@@ -1,0 +1,394 @@
+"""The one QObject that talks to the worker: aiohttp on the app's qasync event loop.
+
+Contract:
+
+* Every request goes over HTTP to the worker's URL (``set_url``); nothing here
+  touches widgets, the database or the worker process.
+* :meth:`WorkerClient.start` polls ``GET /health`` (fast while loading, slower once
+  ready) and emits :attr:`health_changed` with a :class:`Health` whenever it changes;
+  after each ``ready`` it fetches the speculation setting and the model list.
+* :meth:`WorkerClient.ask` streams one chat completion and returns its id at once.
+  :attr:`answer_progressed` carries the text so far at most every ``throttle_s``
+  (50 ms), so the window stays smooth however fast tokens come; exactly one
+  :attr:`answer_finished` follows with an :class:`AnswerResult` whose ``outcome`` is
+  ``complete``, ``stopped`` (:meth:`cancel`), ``interrupted`` (the connection broke:
+  the worker died or went away) or ``error`` (the worker refused or failed).
+* Admin changes (:meth:`update_speculation`) are confirmed from the worker's answer:
+  :attr:`speculation_received` carries what the worker now says, never what was asked.
+"""
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from PySide6.QtCore import QObject, Signal
+
+from app.answer import AnswerStats, AnswerStream
+
+log = logging.getLogger(__name__)
+
+LOADING_POLL_S = 0.3
+READY_POLL_S = 2.0
+HEALTH_TIMEOUT_S = 10.0
+MISSED_BEFORE_UNREACHABLE = 3
+COMPLETE, STOPPED, INTERRUPTED, ERROR = "complete", "stopped", "interrupted", "error"
+
+
+class WorkerError(Exception):
+    """The worker answered with an error object; the message is its own."""
+
+
+@dataclass(frozen=True)
+class Health:
+    """The worker as the window should describe it."""
+
+    state: str  # "starting", "loading", "ready", "error" or "unreachable"
+    progress: float = 0.0
+    message: str = ""
+    load_off: bool = False
+    models: tuple[str, ...] = ()
+    url: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    def blocked_reason(self) -> str | None:
+        """Why questions cannot be sent now (None when they can)."""
+        if self.state == "ready":
+            return None
+        if self.state == "loading":
+            return f"Loading the models ({self.progress:.0%}): {self.message}"
+        if self.state == "error":
+            return f"The models failed to load: {self.message}"
+        if self.state == "unreachable":
+            return f"The worker is not answering ({self.message}); retrying…"
+        return self.message or "Starting the worker…"
+
+
+@dataclass(frozen=True)
+class AnswerRequest:
+    messages: list[dict[str, str]]
+    temperature: float = 0.7
+    max_tokens: int = 512
+    speculation: dict[str, Any] | None = None  # e.g. {"method": "off"}
+    seed: int | None = None
+
+    def body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": "anve", "messages": self.messages, "stream": True,
+            "temperature": self.temperature, "max_tokens": self.max_tokens,
+        }
+        if self.speculation is not None:
+            body["speculation"] = self.speculation
+        if self.seed is not None:
+            body["seed"] = self.seed
+        return body
+
+
+@dataclass(frozen=True)
+class AnswerProgress:
+    """The answer so far (throttled)."""
+
+    text: str
+    pieces: list[list[Any]]
+    stats: AnswerStats
+
+
+@dataclass(frozen=True)
+class AnswerResult:
+    outcome: str  # complete, stopped, interrupted, error
+    text: str
+    pieces: list[list[Any]]
+    stats: AnswerStats
+    timeline: list[tuple[float, str]] = field(default_factory=list)
+    message: str = ""
+
+
+@dataclass
+class _Stream:
+    task: "asyncio.Task[None] | None" = None
+    last_emit: float = 0.0
+    pending: asyncio.TimerHandle | None = None
+
+
+def parse_sse_line(line: bytes) -> dict[str, Any] | str | None:
+    """One line of the event stream: a JSON payload, ``"[DONE]"``, or None."""
+    text = line.decode("utf-8", errors="replace").strip()
+    if not text.startswith("data:"):
+        return None
+    data = text[5:].strip()
+    if data == "[DONE]":
+        return data
+    payload = json.loads(data)
+    return payload if isinstance(payload, dict) else None
+
+
+def error_message(body: Any, status: int) -> str:
+    """The message of an OpenAI-style error body."""
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return str(body["error"].get("message") or f"HTTP {status}")
+    return f"the worker answered HTTP {status}"
+
+
+class WorkerClient(QObject):
+    """HTTP client of one worker (its URL may change when the worker restarts)."""
+
+    # ---- Signals -----------------------------------------------------------------
+    health_changed = Signal(object)
+    """A new :class:`Health` (state, progress, message)."""
+    answer_started = Signal(str)
+    """An answer with this id was sent."""
+    answer_progressed = Signal(str, object)
+    """Answer id and :class:`AnswerProgress`, at most every ``throttle_s``."""
+    answer_finished = Signal(str, object)
+    """Answer id and its :class:`AnswerResult`; sent exactly once per answer."""
+    speculation_received = Signal(dict)
+    """The worker's speculation setting (``GET``/``PUT /v1/speculation``)."""
+    speculation_failed = Signal(str)
+    """A setting change was refused; the worker's message."""
+    models_received = Signal(list)
+    """``GET /v1/models`` data: ``[{id, anve: {role, max_context, memory_bytes}}]``."""
+
+    def __init__(
+        self, url: str | None = None, *, token: str | None = None,
+        admin_token: str | None = None, throttle_s: float = 0.05,
+        parent: QObject | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.url = url
+        self.throttle_s = throttle_s
+        self._token, self._admin_token = token, admin_token
+        self._session: aiohttp.ClientSession | None = None
+        self._streams: dict[str, _Stream] = {}
+        self._ids = itertools.count(1)
+        self._poller: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._missed = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.health = Health("starting", message="Starting the worker…")
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    def set_url(self, url: str | None) -> None:
+        """Talk to another worker (a restarted one); polls at once."""
+        self.url = url
+        self._missed = 0
+        self._set_health(Health("starting", message="Starting the worker…", url=url))
+        if self._wake is not None:
+            self._wake.set()
+
+    def start(self) -> None:
+        """Begin polling ``/health`` (call with the event loop running)."""
+        if self._poller is None:
+            self._wake = asyncio.Event()
+            self._poller = asyncio.ensure_future(self._poll_health())
+
+    async def close(self) -> None:
+        """Stop polling and every answer, and close the HTTP session."""
+        for rid in list(self._streams):
+            self.cancel(rid)
+        tasks = [t for t in [self._poller, *self._tasks] if t is not None]
+        tasks += [s.task for s in self._streams.values() if s.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._poller = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+            self._session = aiohttp.ClientSession(headers=headers)
+        return self._session
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- health ---------------------------------------------------------------------
+
+    def _set_health(self, health: Health) -> None:
+        if health != self.health:
+            was_ready, self.health = self.health.ready, health
+            self.health_changed.emit(health)
+            if health.ready and not was_ready:
+                self.fetch_speculation()
+                self.fetch_models()
+
+    async def _poll_health(self) -> None:
+        assert self._wake is not None
+        while True:
+            if self.url is not None:
+                self._set_health(await self._health_once(self.url))
+            delay = READY_POLL_S if self.health.ready else LOADING_POLL_S
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+            self._wake.clear()
+
+    async def _health_once(self, url: str) -> Health:
+        timeout = aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)
+        try:
+            async with self._http().get(f"{url}/health", timeout=timeout) as resp:
+                body = await resp.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            return self._missed_health(url, exc)
+        self._missed = 0
+        return Health(
+            state=str(body.get("status", "error")), progress=float(body.get("progress", 0.0)),
+            message=str(body.get("message", "")), load_off=bool(body.get("speculation_load_off")),
+            models=tuple(body.get("models") or ()), url=url,
+        )
+
+    def _missed_health(self, url: str, exc: Exception) -> Health:
+        self._missed += 1
+        refused = isinstance(exc, aiohttp.ClientConnectorError)
+        if refused or self._missed >= MISSED_BEFORE_UNREACHABLE:
+            reason = "connection refused" if refused else type(exc).__name__
+            return Health("unreachable", message=reason, url=url)
+        return self.health
+
+    # --- answers --------------------------------------------------------------------
+
+    def ask(self, request: AnswerRequest) -> str:
+        """Start streaming an answer; returns its id."""
+        rid = f"answer-{next(self._ids)}"
+        stream = _Stream()
+        self._streams[rid] = stream
+        stream.task = asyncio.ensure_future(self._answer(rid, request))
+        return rid
+
+    def cancel(self, rid: str) -> None:
+        """Stop an answer; its result says ``stopped`` and keeps the text so far."""
+        stream = self._streams.get(rid)
+        if stream is not None and stream.task is not None:
+            stream.task.cancel()
+
+    @property
+    def answering(self) -> bool:
+        return bool(self._streams)
+
+    async def _answer(self, rid: str, request: AnswerRequest) -> None:
+        loop = asyncio.get_running_loop()
+        answer = AnswerStream(started=loop.time())
+        outcome, message = COMPLETE, ""
+        self.answer_started.emit(rid)
+        try:
+            await self._read_stream(rid, request, answer)
+            if answer.final is None:
+                outcome, message = INTERRUPTED, "the worker ended the answer early"
+        except asyncio.CancelledError:
+            outcome, message = STOPPED, "stopped"
+        except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
+            outcome, message = INTERRUPTED, f"lost the connection to the worker ({exc!s})"
+        except (WorkerError, ValueError) as exc:
+            outcome, message = ERROR, str(exc)
+        stream = self._streams.pop(rid)
+        if stream.pending is not None:
+            stream.pending.cancel()
+        result = AnswerResult(outcome, answer.text, [list(p) for p in answer.pieces],
+                              answer.stats(loop.time()), answer.timeline, message)
+        log.info("answer %s: %s, %d characters %s", rid, outcome, len(answer.text), message)
+        self.answer_finished.emit(rid, result)
+
+    async def _read_stream(self, rid: str, request: AnswerRequest, answer: AnswerStream) -> None:
+        if self.url is None:
+            raise aiohttp.ClientConnectionError("the worker is not running")
+        loop = asyncio.get_running_loop()
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600)
+        url = f"{self.url}/v1/chat/completions"
+        async with self._http().post(url, json=request.body(), timeout=timeout) as resp:
+            if resp.status != 200:
+                raise WorkerError(error_message(await _json_or_none(resp), resp.status))
+            async for line in resp.content:
+                payload = parse_sse_line(line)
+                if payload == "[DONE]":
+                    break
+                if not isinstance(payload, dict):
+                    continue
+                if "error" in payload:
+                    raise WorkerError(error_message(payload, 500))
+                answer.add(payload, loop.time())
+                self._progressed(rid, answer)
+
+    def _progressed(self, rid: str, answer: AnswerStream) -> None:
+        """Emit the answer so far, at most every ``throttle_s``."""
+        stream = self._streams[rid]
+        loop = asyncio.get_running_loop()
+        due = stream.last_emit + self.throttle_s
+        if loop.time() >= due:
+            self._emit_progress(rid, answer)
+        elif stream.pending is None:
+            stream.pending = loop.call_at(due, self._emit_progress, rid, answer)
+
+    def _emit_progress(self, rid: str, answer: AnswerStream) -> None:
+        stream = self._streams.get(rid)
+        if stream is None:
+            return
+        now = asyncio.get_running_loop().time()
+        stream.last_emit, stream.pending = now, None
+        progress = AnswerProgress(answer.text, [list(p) for p in answer.pieces],
+                                  answer.live_stats(now))
+        self.answer_progressed.emit(rid, progress)
+
+    # --- settings and models -----------------------------------------------------------
+
+    def fetch_speculation(self) -> None:
+        self._spawn(self._speculation("GET", None))
+
+    def update_speculation(self, changes: dict[str, Any]) -> None:
+        """``PUT /v1/speculation``; the worker's confirmation arrives as a signal."""
+        self._spawn(self._speculation("PUT", changes))
+
+    async def _speculation(self, method: str, body: dict[str, Any] | None) -> None:
+        if self.url is None:
+            self.speculation_failed.emit("the worker is not running")
+            return
+        headers = {}
+        if method == "PUT" and self._admin_token:
+            headers["Authorization"] = f"Bearer {self._admin_token}"
+        try:
+            async with self._http().request(
+                method, f"{self.url}/v1/speculation", json=body, headers=headers,
+                timeout=aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S),
+            ) as resp:
+                data = await _json_or_none(resp)
+                if resp.status != 200:
+                    raise WorkerError(error_message(data, resp.status))
+        except (aiohttp.ClientError, TimeoutError, WorkerError) as exc:
+            log.warning("speculation %s failed: %s", method, exc)
+            self.speculation_failed.emit(str(exc) or type(exc).__name__)
+            return
+        self.speculation_received.emit(data)
+
+    def fetch_models(self) -> None:
+        self._spawn(self._models())
+
+    async def _models(self) -> None:
+        if self.url is None:
+            return
+        try:
+            async with self._http().get(
+                f"{self.url}/v1/models", timeout=aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)
+            ) as resp:
+                data = await _json_or_none(resp)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("listing the models failed: %s", exc)
+            return
+        if isinstance(data, dict) and isinstance(data.get("data"), list):
+            self.models_received.emit(data["data"])
+
+
+async def _json_or_none(resp: aiohttp.ClientResponse) -> Any:
+    try:
+        return await resp.json(content_type=None)
+    except (ValueError, aiohttp.ClientError):
+        return None
