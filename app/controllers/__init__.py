@@ -1,0 +1,1 @@
+"""Application logic between the widgets and the worker client / history store."""
