@@ -1,0 +1,336 @@
+"""The Admin page: passphrase gate, then the worker's speculation setting and models.
+
+Contract: locked, it asks for the passphrase (or, the first time, to set one) through
+:class:`AdminController`. Unlocked, it shows the setting the worker reports and edits
+it; "Apply" sends only what differs, and the confirmation line shows what the worker
+answered. It also lists the loaded models with their memory and the worker's address.
+"""
+
+from typing import Any
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QButtonGroup,
+    QCheckBox,
+    QComboBox,
+    QFormLayout,
+    QFrame,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QRadioButton,
+    QSpinBox,
+    QStackedWidget,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.answer import method_name
+from app.client import Health
+from app.controllers.admin import AdminController
+from app.passphrase import MIN_LENGTH
+
+METHOD_CHOICES = ("draft", "ngram", "suffix", "eagle")
+RIGHT = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
+
+
+def describe_setting(setting: dict[str, Any]) -> str:
+    k = setting.get("num_draft_tokens")
+    drafts = "adaptive draft length" if k == "adaptive" else f"{k} draft tokens"
+    state = "on" if setting.get("enabled") else "off"
+    return (f"speculation {state} · {method_name(setting.get('method'))} · {drafts} · "
+            f"switch off above {setting.get('load_threshold')} waiting")
+
+
+def megabytes(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB" if n < 2**30 else f"{n / 2**30:,.2f} GiB"
+
+
+def page_heading(title: str, sub: str) -> QWidget:
+    box = QWidget()
+    layout = QVBoxLayout(box)
+    layout.setContentsMargins(0, 0, 0, 0)
+    layout.setSpacing(2)
+    heading = QLabel(title)
+    heading.setObjectName("PageTitle")
+    note = QLabel(sub)
+    note.setObjectName("PageSub")
+    note.setWordWrap(True)
+    layout.addWidget(heading)
+    layout.addWidget(note)
+    return box
+
+
+def card_frame(title: str) -> tuple[QFrame, QVBoxLayout]:
+    frame = QFrame()
+    frame.setObjectName("Card")
+    layout = QVBoxLayout(frame)
+    layout.setContentsMargins(18, 14, 18, 16)
+    layout.setSpacing(10)
+    heading = QLabel(title)
+    heading.setObjectName("CardTitle")
+    layout.addWidget(heading)
+    return frame, layout
+
+
+class AdminPage(QWidget):
+    def __init__(self, controller: AdminController, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("Page")
+        self.controller = controller
+        self.setting: dict[str, Any] = {}
+        self.stack = QStackedWidget()
+        self.stack.addWidget(self._gate())
+        self.stack.addWidget(self._controls())
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(32, 24, 32, 24)
+        layout.setSpacing(18)
+        layout.addWidget(page_heading(
+            "Admin", "Speculative decoding for everyone who uses this appliance. Changes apply "
+            "to the next answer."))
+        layout.addWidget(self.stack, 1)
+        controller.state_loaded.connect(self._state_loaded)
+        controller.unlocked.connect(self._unlocked)
+        controller.locked.connect(lambda: self.stack.setCurrentIndex(0))
+        controller.refused.connect(self._refused)
+        controller.client.speculation_received.connect(self.show_setting)
+        controller.client.speculation_failed.connect(self._apply_failed)
+        controller.client.models_received.connect(self.show_models)
+
+    # --- the gate ---------------------------------------------------------------------------
+
+    def _gate(self) -> QWidget:
+        frame, layout = card_frame("Admin controls are locked")
+        frame.setMaximumWidth(460)
+        self.gate_text = QLabel("Enter the admin passphrase.")
+        self.gate_text.setWordWrap(True)
+        self.passphrase = QLineEdit()
+        self.passphrase.setEchoMode(QLineEdit.EchoMode.Password)
+        self.passphrase.setPlaceholderText("Passphrase")
+        self.confirmation = QLineEdit()
+        self.confirmation.setEchoMode(QLineEdit.EchoMode.Password)
+        self.confirmation.setPlaceholderText("The same passphrase again")
+        self.gate_error = QLabel()
+        self.gate_error.setObjectName("Error")
+        self.gate_error.hide()
+        self.gate_button = QPushButton("Unlock")
+        self.gate_button.setObjectName("Primary")
+        self.gate_button.clicked.connect(self._gate_clicked)
+        self.passphrase.returnPressed.connect(self._gate_clicked)
+        self.confirmation.returnPressed.connect(self._gate_clicked)
+        for widget in (self.gate_text, self.passphrase, self.confirmation, self.gate_error):
+            layout.addWidget(widget)
+        layout.addWidget(self.gate_button, 0, Qt.AlignmentFlag.AlignRight)
+        holder = QWidget()
+        outer = QVBoxLayout(holder)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(frame)
+        outer.addStretch(1)
+        self._state_loaded(False)
+        return holder
+
+    def _state_loaded(self, has_passphrase: bool) -> None:
+        self.confirmation.setVisible(not has_passphrase)
+        if has_passphrase:
+            self.gate_text.setText("Enter the admin passphrase to change how ANVE drafts.")
+            self.gate_button.setText("Unlock")
+        else:
+            self.gate_text.setText(f"No admin passphrase is set yet. Choose one (at least "
+                                   f"{MIN_LENGTH} characters); it is stored only as a salted "
+                                   "hash.")
+            self.gate_button.setText("Set passphrase")
+
+    def _gate_clicked(self) -> None:
+        self.gate_error.hide()
+        self.gate_button.setEnabled(False)
+        if self.controller.has_passphrase:
+            self.controller.unlock(self.passphrase.text())
+        else:
+            self.controller.set_passphrase(self.passphrase.text(), self.confirmation.text())
+
+    def unlock_with(self, passphrase: str, confirmation: str | None = None) -> None:
+        """Fill the gate and press its button (tests, keyboard users)."""
+        self.passphrase.setText(passphrase)
+        self.confirmation.setText(passphrase if confirmation is None else confirmation)
+        self._gate_clicked()
+
+    def _refused(self, why: str) -> None:
+        self.gate_button.setEnabled(True)
+        self.gate_error.setText(why)
+        self.gate_error.show()
+        self.passphrase.selectAll()
+
+    def _unlocked(self) -> None:
+        self.gate_button.setEnabled(True)
+        self.passphrase.clear()
+        self.confirmation.clear()
+        self.gate_error.hide()
+        self._state_loaded(True)
+        self.stack.setCurrentIndex(1)
+
+    # --- the controls ---------------------------------------------------------------------
+
+    def _controls(self) -> QWidget:
+        holder = QWidget()
+        column = QVBoxLayout(holder)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.setSpacing(16)
+        for card in (self._speculation_card(), self._worker_card()):
+            card.setMaximumWidth(760)
+            column.addWidget(card)
+        column.addStretch(1)
+        return holder
+
+    def _speculation_card(self) -> QWidget:
+        frame, layout = card_frame("Speculative decoding")
+        self.enabled = QCheckBox("Draft tokens ahead and verify them (lossless)")
+        self.method = QComboBox()
+        for method in METHOD_CHOICES:
+            self.method.addItem(method_name(method).capitalize(), method)
+        self.adaptive = QRadioButton("Adaptive")
+        self.adaptive.setToolTip("The engine picks the draft length per pass from measured costs")
+        self.fixed = QRadioButton("Fixed")
+        self.length = QSpinBox()
+        self.length.setRange(1, 16)
+        self.length.setSuffix(" tokens")
+        group = QButtonGroup(frame)
+        group.addButton(self.adaptive)
+        group.addButton(self.fixed)
+        self.fixed.toggled.connect(self.length.setEnabled)
+        draft_row = QHBoxLayout()
+        draft_row.addWidget(self.adaptive)
+        draft_row.addWidget(self.fixed)
+        draft_row.addWidget(self.length)
+        draft_row.addStretch()
+        self.threshold = QSpinBox()
+        self.threshold.setRange(0, 1024)
+        self.threshold.setSuffix(" waiting requests")
+        form = QFormLayout()
+        form.setVerticalSpacing(10)
+        form.setLabelAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
+        form.addRow("Method", self.method)
+        form.addRow("Draft length", draft_row)
+        form.addRow("Switch off above", self.threshold)
+        apply = QPushButton("Apply")
+        apply.setObjectName("Primary")
+        apply.clicked.connect(self.apply)
+        lock = QPushButton("Lock")
+        lock.clicked.connect(self.controller.lock)
+        self.apply_status = QLabel("")
+        self.apply_status.setWordWrap(True)
+        buttons = QHBoxLayout()
+        buttons.addWidget(lock)
+        buttons.addStretch()
+        buttons.addWidget(apply)
+        layout.addWidget(self.enabled)
+        layout.addLayout(form)
+        layout.addWidget(self.apply_status)
+        layout.addLayout(buttons)
+        return frame
+
+    def _worker_card(self) -> QWidget:
+        frame, layout = card_frame("Worker")
+        self.address = QLabel("–")
+        self.address.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.state = QLabel("–")
+        self.state.setWordWrap(True)
+        form = QFormLayout()
+        form.addRow("Address", self.address)
+        form.addRow("State", self.state)
+        self.models = QTableWidget(0, 4)
+        self.models.setHorizontalHeaderLabels(["Model", "Role", "Context", "Memory"])
+        self.models.verticalHeader().hide()
+        self.models.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.models.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
+        self.models.setShowGrid(False)
+        header = self.models.horizontalHeader()
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        header.setDefaultAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
+        self.models.verticalHeader().setDefaultSectionSize(30)
+        for column in (1, 2, 3):
+            header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
+        layout.addLayout(form)
+        layout.addWidget(self.models)
+        self._fit_table()
+        return frame
+
+    def _fit_table(self) -> None:
+        rows = max(1, self.models.rowCount())
+        height = self.models.horizontalHeader().sizeHint().height() + rows * 30 + 6
+        self.models.setFixedHeight(height)
+
+    # --- data -------------------------------------------------------------------------------
+
+    def show_setting(self, setting: dict[str, Any]) -> None:
+        previous, self.setting = self.setting, dict(setting)
+        self.enabled.setChecked(bool(setting.get("enabled")))
+        available = set(setting.get("available_methods") or ())
+        for i in range(self.method.count()):
+            item = self.method.model().item(i)  # type: ignore[attr-defined]
+            item.setEnabled(self.method.itemData(i) in available)
+        index = self.method.findData(setting.get("method"))
+        if index >= 0:
+            self.method.setCurrentIndex(index)
+        k = setting.get("num_draft_tokens")
+        self.adaptive.setEnabled(bool(setting.get("adaptive_available")))
+        self.adaptive.setChecked(k == "adaptive")
+        self.fixed.setChecked(k != "adaptive")
+        self.length.setValue(k if isinstance(k, int) else 4)
+        self.length.setEnabled(k != "adaptive")
+        self.threshold.setValue(int(setting.get("load_threshold") or 0))
+        if previous:
+            self._status(f"The worker confirms: {describe_setting(setting)}.", "Ok")
+        else:
+            self._status("", "")
+
+    def changes(self) -> dict[str, Any]:
+        """What the form asks for that differs from the worker's setting."""
+        wanted: dict[str, Any] = {
+            "enabled": self.enabled.isChecked(),
+            "method": self.method.currentData(),
+            "num_draft_tokens": "adaptive" if self.adaptive.isChecked() else self.length.value(),
+            "load_threshold": self.threshold.value(),
+        }
+        return {k: v for k, v in wanted.items() if self.setting.get(k) != v}
+
+    def choose_method(self, method: str) -> None:
+        self.method.setCurrentIndex(self.method.findData(method))
+
+    def apply(self) -> None:
+        changes = self.changes()
+        if not changes:
+            self._status("Nothing to change: the worker already runs this setting.", "")
+            return
+        self._status("Sending to the worker…", "")
+        self.controller.apply(changes)
+
+    def _apply_failed(self, why: str) -> None:
+        self._status(f"The worker refused: {why}", "Error")
+
+    def _status(self, text: str, kind: str) -> None:
+        self.apply_status.setObjectName(kind)
+        self.apply_status.setText(text)
+        self.apply_status.setVisible(bool(text))
+        self.apply_status.style().polish(self.apply_status)
+
+    def show_models(self, models: list[dict[str, Any]]) -> None:
+        self.models.setRowCount(len(models))
+        for row, model in enumerate(models):
+            info = model.get("anve") or {}
+            cells = [str(model.get("id")), str(info.get("role", "")),
+                     f"{info.get('max_context', 0):,}", megabytes(int(info.get("memory_bytes", 0)))]
+            for column, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                if column >= 2:
+                    item.setTextAlignment(RIGHT)
+                self.models.setItem(row, column, item)
+        self._fit_table()
+
+    def show_health(self, health: Health) -> None:
+        self.address.setText(health.url or "–")
+        self.state.setText(health.state if health.ready else health.blocked_reason() or "–")

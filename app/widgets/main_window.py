@@ -1,0 +1,122 @@
+"""The main window: sidebar, the page in view (chat, demo, admin), the speculation panel.
+
+Contract: the window only arranges the views and routes what they show: the worker's
+health to the banner, the composer and the demo (why input is blocked), answers' live
+and final numbers to the panel. Closing it emits :attr:`MainWindow.closed`; the app
+then shuts down (the window itself stops nothing).
+"""
+
+from typing import Any
+
+from PySide6.QtCore import Signal
+from PySide6.QtGui import QCloseEvent
+from PySide6.QtWidgets import QHBoxLayout, QMainWindow, QStackedWidget, QVBoxLayout, QWidget
+
+from app.answer import AnswerStats
+from app.client import Health, WorkerClient
+from app.controllers.admin import AdminController
+from app.controllers.chat import ChatController
+from app.controllers.demo import DemoController
+from app.demo import DemoPrompt
+from app.models.answers import RecentAnswersModel
+from app.widgets.admin_page import AdminPage
+from app.widgets.chat_page import ChatPage
+from app.widgets.demo_page import DemoPage
+from app.widgets.icons import icon, refresh_icons
+from app.widgets.sidebar import Sidebar
+from app.widgets.speculation_panel import SpeculationPanel
+from app.widgets.worker_banner import WorkerBanner
+
+PAGE_INDEX = {"chat": 0, "demo": 1, "admin": 2}
+
+
+class MainWindow(QMainWindow):
+    closed = Signal()
+    """The user closed the window."""
+
+    def __init__(
+        self, chat: ChatController, demo: DemoController, admin: AdminController,
+        client: WorkerClient, answers: RecentAnswersModel, prompts: list[DemoPrompt],
+    ) -> None:
+        super().__init__()
+        self.setWindowTitle("ANVE")
+        self.setWindowIcon(icon("anve", size=64))
+        self.resize(1320, 820)
+        self.chat, self.demo_controller = chat, demo
+        self.health = Health("starting")
+        self.sidebar = Sidebar(chat)
+        self.chat_page = ChatPage(chat)
+        self.demo_page = DemoPage(demo, prompts)
+        self.admin_page = AdminPage(admin)
+        self.banner = WorkerBanner()
+        self.panel = SpeculationPanel(answers)
+        self.pages = QStackedWidget()
+        for page in (self.chat_page, self.demo_page, self.admin_page):
+            self.pages.addWidget(page)
+        centre = QWidget()
+        column = QVBoxLayout(centre)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.setSpacing(0)
+        column.addWidget(self.banner)
+        column.addWidget(self.pages, 1)
+        root = QWidget()
+        row = QHBoxLayout(root)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.setSpacing(0)
+        row.addWidget(self.sidebar)
+        row.addWidget(centre, 1)
+        row.addWidget(self.panel)
+        self.setCentralWidget(root)
+        self.sidebar.page_selected.connect(self.show_page)
+        client.health_changed.connect(self.show_health)
+        client.speculation_received.connect(self.panel.show_setting)
+        chat.busy_changed.connect(self._gate)
+        chat.answer_progressed.connect(self.panel.show_live)
+        chat.answer_completed.connect(lambda _id, stats: self.panel.show_final(stats))
+        chat.busy_changed.connect(self._chat_busy)
+        demo.busy_changed.connect(self._gate)
+        demo.pane_updated.connect(lambda _side, progress: self.panel.show_live(progress.stats))
+        demo.pane_finished.connect(self._demo_side_finished)
+        self.show_health(self.health)
+
+    def show_page(self, key: str) -> None:
+        self.pages.setCurrentIndex(PAGE_INDEX[key])
+        self.sidebar.show_page(key)
+
+    def show_health(self, health: Health) -> None:
+        self.health = health
+        self.banner.show_health(health)
+        self.panel.show_health(health)
+        self.admin_page.show_health(health)
+        self._gate()
+
+    def show_worker_problem(self, text: str) -> None:
+        self.banner.show_problem(text)
+
+    def _gate(self, *_: Any) -> None:
+        """Say why questions or demo runs cannot start now (None when they can)."""
+        reason = self.health.blocked_reason()
+        chat_reason = reason or ("The speed demo is running; it needs the whole machine."
+                                 if self.demo_controller.busy else None)
+        demo_reason = reason or ("An answer is being written in the chat; the demo waits for "
+                                 "it." if self.chat.busy else None)
+        self.chat_page.set_blocked(chat_reason)
+        self.demo_page.set_blocked(demo_reason)
+
+    def _chat_busy(self, busy: bool) -> None:
+        if busy:
+            self.panel.begin_answer()
+
+    def _demo_side_finished(self, side: str, result: Any) -> None:
+        if isinstance(result.stats, AnswerStats):
+            self.panel.show_final(result.stats)
+
+    def refresh_theme(self) -> None:
+        refresh_icons(self)
+        self.chat_page.view.refresh()
+        self.panel.refresh_theme()
+        self.update()
+
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802
+        self.closed.emit()
+        event.accept()
