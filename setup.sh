@@ -32,6 +32,29 @@ ensure_venv() {
     .venv/bin/python -m pip install --quiet -e "$1"
 }
 
+ensure_test_tools() {
+    # Debian tools used by tests/test_installer.py; installed only when missing, only as root.
+    local missing=()
+    command -v desktop-file-validate >/dev/null 2>&1 || missing+=(desktop-file-utils)
+    command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
+    command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
+    if [ ${#missing[@]} -eq 0 ]; then
+        return
+    fi
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "== installing ${missing[*]} (Debian packages the installer test uses)"
+        local apt=(apt-get install -y -qq --no-install-recommends "${missing[@]}")
+        if ! DEBIAN_FRONTEND=noninteractive "${apt[@]}" >/dev/null 2>&1; then
+            apt-get update -qq >/dev/null 2>&1 || true
+            DEBIAN_FRONTEND=noninteractive "${apt[@]}" >/dev/null ||
+                echo "warning: could not install ${missing[*]}; the installer test's checks that need them skip"
+        fi
+    else
+        echo "note: the installer test needs ${missing[*]}: sudo apt-get install ${missing[*]}" \
+            "(its checks that need them skip until then)"
+    fi
+}
+
 case "$mode" in
     run)
         ensure_venv "."
@@ -42,6 +65,7 @@ case "$mode" in
         ;;
     test)
         ensure_venv ".[dev]"
+        ensure_test_tools
         echo "== installing the light model used by the tests"
         .venv/bin/python -m engine.models install light
         exec .venv/bin/python -m pytest -m "not slow" "$@"
