@@ -7,6 +7,7 @@ answer is kept as interrupted by the chat controller) and stops it on close.
 :meth:`start` needs the qasync loop running; :meth:`shutdown` is a coroutine.
 """
 
+import gc
 import logging
 from pathlib import Path
 
@@ -60,9 +61,6 @@ class AnveApp(QObject):
         if self.launcher is not None:
             self.launcher.listened.connect(self.client.set_url)
             self.launcher.exited.connect(self._worker_died)
-            self.launcher.restart_scheduled.connect(
-                lambda s: self.window.show_worker_problem(
-                    f"The worker stopped; restarting it in {s:.0f} s…"))
             self.launcher.gave_up.connect(self.window.show_worker_problem)
 
     def _measured(self, stats: AnswerStats) -> None:
@@ -73,8 +71,7 @@ class AnveApp(QObject):
         self._measured(result.stats)
 
     def _worker_died(self, why: str) -> None:
-        self.client.set_url(None)
-        self.window.show_worker_problem(f"The worker stopped ({why}). Restarting it…")
+        self.client.set_url(None, why)
 
     def start(self) -> None:
         """Show the window and start everything (with the event loop running)."""
@@ -86,6 +83,7 @@ class AnveApp(QObject):
         self.demo.load()
         self.admin.load()
         self.lag.start()
+        gc.freeze()  # start-up objects live for good: full collections need not rescan them
 
     async def shutdown(self) -> None:
         """Stop answers (kept as interrupted), the worker we started, then the store."""

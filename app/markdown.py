@@ -64,6 +64,21 @@ def split_blocks(markdown: str) -> list[Block]:
     return blocks
 
 
+def extend_blocks(previous: list[Block], text: str) -> list[Block]:
+    """``split_blocks(text)`` for text that grew: only the last block onwards is re-split.
+
+    Blocks end at a blank line or a closing fence, so everything before the previous
+    last block is unchanged when ``text`` still starts with it (the streaming case).
+    """
+    if len(previous) < 2:
+        return split_blocks(text)
+    kept = previous[:-1]
+    prefix = sum(len(b.source) for b in kept)
+    if not text.startswith("".join(b.source for b in kept)) or not kept[-1].closed:
+        return split_blocks(text)
+    return kept + split_blocks(text[prefix:])
+
+
 def _flush(blocks: list[Block], prose: list[str]) -> None:
     text = "".join(prose)
     prose.clear()
@@ -98,8 +113,9 @@ def _cut_point(source: str) -> int:
     return MAX_PARAGRAPH
 
 
-def draft_html(pieces: Sequence[Sequence[Any]], highlight: str) -> str:
-    """Plain text as HTML, with text from accepted draft tokens on ``highlight``."""
+def draft_html(pieces: Sequence[Sequence[Any]], highlight: str, code: bool = False) -> str:
+    """Plain text as HTML, with text from accepted draft tokens on ``highlight``
+    (``code``: in a monospace font, lines not wrapped)."""
     spans = []
     for text, from_draft in pieces:
         escaped = html.escape(str(text)).replace("\n", "<br>")
@@ -107,7 +123,8 @@ def draft_html(pieces: Sequence[Sequence[Any]], highlight: str) -> str:
             spans.append(f'<span style="background-color:{highlight};">{escaped}</span>')
         else:
             spans.append(escaped)
-    return f'<div style="white-space: pre-wrap;">{"".join(spans)}</div>'
+    style = "font-family: monospace; white-space: pre;" if code else "white-space: pre-wrap;"
+    return f'<div style="{style}">{"".join(spans)}</div>'
 
 
 def highlighted_blocks(
@@ -115,8 +132,9 @@ def highlighted_blocks(
 ) -> list[Block]:
     """The blocks of :func:`split_blocks`, each as highlighted HTML (kind ``html``).
 
-    Fenced code is shown as written (no code box). Returns [] when the pieces do not
-    spell the text (then there is nothing to highlight).
+    Fenced code is shown without its fences in a monospace font (no code box).
+    Returns [] when the pieces do not spell the text (then there is nothing to
+    highlight).
     """
     flags = [bool(flag) for piece, flag in pieces for _ in str(piece)]
     if "".join(str(piece) for piece, _ in pieces) != text:
@@ -124,8 +142,11 @@ def highlighted_blocks(
     blocks, pos = [], 0
     for block in split_blocks(text):
         end = pos + len(block.source)
-        lead = len(block.source) - len(block.source.lstrip("\n"))
-        shown = block.source.strip("\n")
+        if block.kind == "code":
+            lead, shown = max(0, block.source.find(block.text)), block.text
+        else:
+            lead = len(block.source) - len(block.source.lstrip("\n"))
+            shown = block.source.strip("\n")
         runs: list[list[Any]] = []
         for offset, char in enumerate(shown):
             flag = flags[pos + lead + offset]
@@ -134,6 +155,7 @@ def highlighted_blocks(
             else:
                 runs.append([char, flag])
         if shown:
-            blocks.append(Block("html", draft_html(runs, highlight), source=block.source))
+            html = draft_html(runs, highlight, code=block.kind == "code")
+            blocks.append(Block("html", html, source=block.source))
         pos = end
     return blocks

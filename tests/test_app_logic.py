@@ -11,7 +11,7 @@ from app.client import AnswerRequest, Health, error_message, parse_sse_line
 from app.demo import compare, duration, first_difference, speedup, text_at
 from app.export import render, to_json, to_markdown
 from app.lag import LagMeter
-from app.markdown import draft_html, split_blocks
+from app.markdown import draft_html, extend_blocks, highlighted_blocks, split_blocks
 from app.passphrase import hash_passphrase, verify, weakness
 from app.store import COMPLETE, INTERRUPTED, ChatSettings, Conversation, Message
 
@@ -88,6 +88,7 @@ def test_health_says_why_input_is_blocked() -> None:
         Health("loading", 0.4, "converting").blocked_reason()
     )
     assert "not answering" in str(Health("unreachable", message="refused").blocked_reason())
+    assert "restarting" in str(Health("stopped", message="killed").blocked_reason())
     body = AnswerRequest([{"role": "user", "content": "hi"}], 0.0, 16, {"method": "off"}).body()
     assert body["stream"] is True and body["speculation"] == {"method": "off"}
 
@@ -185,3 +186,25 @@ def test_markdown_splits_paragraphs_and_long_text() -> None:
     assert len(pieces) > 3 and all(len(b.source) <= 1500 for b in pieces)
     assert "".join(b.source for b in pieces) == long
     assert all(len(b.source) <= 1500 for b in split_blocks("x" * 4000))
+
+
+def test_extend_blocks_matches_a_full_split_while_text_grows() -> None:
+    from tests.app_support import LONG_ANSWER_PARAGRAPH
+
+    text = LONG_ANSWER_PARAGRAPH * 3 + "word " * 700 + "\n```\nopen"
+    blocks: list = []
+    for end in range(0, len(text) + 37, 37):
+        blocks = extend_blocks(blocks, text[:end])
+        assert blocks == split_blocks(text[:end]), end
+    assert extend_blocks(blocks, "different") == split_blocks("different")
+
+
+def test_highlighted_blocks_keep_flags_aligned_and_show_code_monospace() -> None:
+    text = "Hi there.\n\n```py\nx = 1\n```\n"
+    pieces = [["Hi ", True], ["there.\n\n```py\nx", False], [" = 1", True], ["\n```\n", False]]
+    blocks = highlighted_blocks(text, pieces, "#0f0")
+    assert len(blocks) == 2
+    assert blocks[0].text.count("#0f0") == 1 and "Hi " in blocks[0].text
+    assert "monospace" in blocks[1].text and "```" not in blocks[1].text
+    assert '<span style="background-color:#0f0;"> = 1</span>' in blocks[1].text
+    assert highlighted_blocks("other", pieces, "#0f0") == []

@@ -10,8 +10,17 @@ scrolled to the bottom unless the user scrolled up. User actions come out as sig
 
 from typing import Any
 
-from PySide6.QtCore import QModelIndex, QPersistentModelIndex, Qt, QTimer, Signal
-from PySide6.QtGui import QFontDatabase, QGuiApplication, QTextCursor
+from PySide6.QtCore import (
+    QEvent,
+    QModelIndex,
+    QObject,
+    QPersistentModelIndex,
+    QSize,
+    Qt,
+    QTimer,
+    Signal,
+)
+from PySide6.QtGui import QFontDatabase, QGuiApplication, QResizeEvent, QTextCursor
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -25,7 +34,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.markdown import Block, highlighted_blocks, split_blocks
+from app.markdown import Block, extend_blocks, highlighted_blocks
 from app.models.messages import MessageItem, MessageListModel
 from app.store import ERROR
 from app.theme import colors
@@ -56,22 +65,47 @@ def tool_button(name: str, tip: str, text: str = "") -> QToolButton:
 
 
 class TextBlock(QLabel):
-    """A paragraph run of Markdown (or highlighted plain text)."""
+    """A paragraph of Markdown (or highlighted plain text).
+
+    Its height for a width is cached until the text changes: layouts ask every label
+    again whenever one grows, and rich-text layout is what makes long answers slow.
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.setWordWrap(True)
         self.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
         self.setOpenExternalLinks(True)
-        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
+        self._heights: dict[int, int] = {}
 
     def show_markdown(self, text: str) -> None:
-        self.setTextFormat(Qt.TextFormat.MarkdownText)
-        self.setText(text)
+        self._show(text, Qt.TextFormat.MarkdownText)
 
     def show_html(self, html: str) -> None:
-        self.setTextFormat(Qt.TextFormat.RichText)
-        self.setText(html)
+        self._show(html, Qt.TextFormat.RichText)
+
+    def _show(self, text: str, fmt: Qt.TextFormat) -> None:
+        if text == self.text() and fmt == self.textFormat():
+            return
+        self._heights.clear()
+        self.setTextFormat(fmt)
+        self.setText(text)
+
+    def heightForWidth(self, width: int) -> int:  # noqa: N802
+        if width not in self._heights:
+            self._heights[width] = super().heightForWidth(width)
+        return self._heights[width]
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802
+        """No height of its own: the layout asks :meth:`heightForWidth` (else a long
+        paragraph's guessed height at a narrow width would make the column too tall)."""
+        return QSize(super().minimumSizeHint().width(), 0)
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802
+        if event.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange):
+            self._heights.clear()
+        super().changeEvent(event)
 
 
 class CodeBlock(QFrame):
@@ -80,6 +114,7 @@ class CodeBlock(QFrame):
     def __init__(self) -> None:
         super().__init__()
         self.setObjectName("CodeBlock")
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
         self.language = QLabel()
         self.language.setObjectName("CodeLanguage")
         self.copy = tool_button("copy", "Copy the code", "Copy")
@@ -92,6 +127,7 @@ class CodeBlock(QFrame):
         row.addStretch()
         row.addWidget(self.copy)
         self._text = ""
+        self._fitted: tuple[str, int] | None = None
         self.code = QPlainTextEdit()
         self.code.setObjectName("CodeText")
         self.code.setReadOnly(True)
@@ -121,21 +157,33 @@ class CodeBlock(QFrame):
         self._fit()
 
     def _fit(self) -> None:
-        lines = max(1, self.code.document().blockCount())
-        spacing = self.code.fontMetrics().lineSpacing()
-        bar = self.code.horizontalScrollBar().sizeHint().height()
-        needs_bar = self.code.document().idealWidth() > self.code.viewport().width()
-        margins = int(self.code.document().documentMargin() * 2) + 6
-        self.code.setFixedHeight(lines * spacing + margins + (bar if needs_bar else 0))
+        """Make the box exactly as tall as its lines (plus a scroll bar if they are wide)."""
+        key = (self._text, self.code.viewport().width())
+        if key == self._fitted:
+            return
+        self._fitted = key
+        code = self.code
+        code.ensurePolished()  # the stylesheet's padding counts in the height
+        lines = max(1, code.document().blockCount())
+        line = code.blockBoundingRect(code.document().firstBlock()).height()
+        line = line or code.fontMetrics().lineSpacing()
+        bar = code.horizontalScrollBar()
+        margins, viewport = code.contentsMargins(), code.viewportMargins()
+        chrome = margins.top() + margins.bottom() + viewport.top() + viewport.bottom()
+        needs_bar = code.document().idealWidth() > code.viewport().width()
+        text_height = lines * line + 2 * code.document().documentMargin() + 2
+        code.setFixedHeight(int(text_height) + chrome + (bar.sizeHint().height() if needs_bar
+                                                         else 0))
 
-    def resizeEvent(self, event: Any) -> None:  # noqa: N802
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
         super().resizeEvent(event)
-        self._fit()
+        if event.size().width() != event.oldSize().width():
+            self._fit()
 
     def _copy(self) -> None:
         QGuiApplication.clipboard().setText(self.code.toPlainText())
         self.copy.setText("Copied")
-        QTimer.singleShot(1500, lambda: self.copy.setText("Copy"))
+        QTimer.singleShot(1500, self.copy, lambda: self.copy.setText("Copy"))
 
 
 class MarkdownBody(QWidget):
@@ -148,11 +196,13 @@ class MarkdownBody(QWidget):
         self._layout.setSpacing(10)
         self._blocks: list[Block] = []
         self._widgets: list[QWidget] = []
+        self._source_blocks: list[Block] = []
 
     def show_text(self, text: str, pieces: list[list[Any]], colour_drafts: bool) -> None:
         blocks = highlighted_blocks(text, pieces, colors().draft) if colour_drafts else []
         if not blocks:
-            blocks = [b for b in split_blocks(text) if b.kind == "code" or b.text]
+            self._source_blocks = extend_blocks(self._source_blocks, text)
+            blocks = [b for b in self._source_blocks if b.kind == "code" or b.text]
         self._show_blocks(blocks)
 
     def _show_blocks(self, blocks: list[Block]) -> None:
@@ -172,6 +222,7 @@ class MarkdownBody(QWidget):
             widget: QWidget = CodeBlock() if block.kind == "code" else TextBlock()
             self._fill(widget, block)
             self._layout.addWidget(widget)
+            widget.show()  # count in the layout now, not after a posted show
             self._widgets.append(widget)
         self._blocks = blocks
 
@@ -340,7 +391,7 @@ class ChatView(QScrollArea):
     def __init__(self, model: MessageListModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("Messages")
-        self.setWidgetResizable(True)
+        self.setWidgetResizable(False)  # sized here, from heightForWidth, in one pass
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.model = model
         self.colour_drafts = False
@@ -360,6 +411,7 @@ class ChatView(QScrollArea):
         outer.addWidget(column_widget, 100)
         outer.addStretch(1)
         self.setWidget(inner)
+        inner.installEventFilter(self)
         self.verticalScrollBar().rangeChanged.connect(self._range_changed)
         self.verticalScrollBar().valueChanged.connect(self._scrolled)
         model.modelReset.connect(self._reset)
@@ -390,6 +442,7 @@ class ChatView(QScrollArea):
             self.widgets.insert(row, widget)
             self.column.insertWidget(row, widget)
             widget.show_item(self.model.items[row])
+            widget.show()
         self._mark_last()
 
     def _removed(self, parent: Index, first: int, last: int) -> None:
@@ -402,15 +455,43 @@ class ChatView(QScrollArea):
         for row in range(top.row(), bottom.row() + 1):
             if 0 <= row < len(self.widgets):
                 self.widgets[row].show_item(self.model.items[row])
+        self._fit_inner()
 
     def _mark_last(self) -> None:
         for i, widget in enumerate(self.widgets):
             widget.set_last(i == len(self.widgets) - 1)
+        self._fit_inner()
+
+    def _fit_inner(self) -> None:
+        """Give the column exactly the height its messages need at the view's width.
+
+        Done here, at once, rather than by QScrollArea after a posted layout request:
+        that way one layout pass per update suffices and nothing is squeezed meanwhile.
+        """
+        inner, viewport = self.widget(), self.viewport()
+        if inner is None:
+            return
+        width = viewport.width()
+        height = max(inner.heightForWidth(width), viewport.height())
+        if inner.width() != width or inner.height() != height:
+            inner.resize(width, height)
+
+    def viewportEvent(self, event: QEvent) -> bool:  # noqa: N802
+        if event.type() == QEvent.Type.Resize:
+            self._fit_inner()
+        return super().viewportEvent(event)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802
+        """Refit the column when its layout asks (fonts, styles or sizes changed later)."""
+        if watched is self.widget() and event.type() == QEvent.Type.LayoutRequest:
+            self._fit_inner()
+        return False
 
     def set_colour_drafts(self, on: bool) -> None:
         self.colour_drafts = on
         for widget in self.widgets:
             widget.set_colour_drafts(on)
+        self._fit_inner()
 
     def refresh(self) -> None:
         """Render everything again (after a theme change)."""

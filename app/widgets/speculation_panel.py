@@ -3,13 +3,14 @@
 Contract: the panel only shows what it is given: the worker's setting
 (:meth:`show_setting`), its health (:meth:`show_health`: "off: high load" when the
 worker switched speculation off), the streaming answer's live numbers
-(:meth:`show_live`) and each finished answer (:meth:`show_final`). The trend chart
+(:meth:`show_live`, at most four times a second) and each finished answer
+(:meth:`show_final`). The trend chart
 reads the :class:`RecentAnswersModel` it is built with.
 """
 
 from typing import Any
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QFrame,
     QGridLayout,
@@ -28,6 +29,7 @@ from app.widgets.charts import PositionBars, TrendChart
 from app.widgets.icons import set_icon
 
 WIDTH, COLLAPSED_WIDTH = 300, 48
+LIVE_MS = 250
 DASH = "–"
 
 
@@ -82,6 +84,9 @@ class SpeculationPanel(QFrame):
         self.setting: dict[str, Any] = {}
         self.health = Health("starting")
         self.collapsed = False
+        self._pending: AnswerStats | None = None
+        self._live_timer = QTimer(self, singleShot=True, interval=LIVE_MS)
+        self._live_timer.timeout.connect(self._show_pending)
         self.toggle = QToolButton()
         set_icon(self.toggle, "panel")
         self.toggle.setToolTip("Show or hide the speculation panel")
@@ -175,12 +180,22 @@ class SpeculationPanel(QFrame):
         self.method.setText(f"Method: {method_name(method)} · {drafts}" if method else DASH)
 
     def show_live(self, stats: AnswerStats) -> None:
-        """Numbers of the answer streaming now (the app's own count)."""
-        self._show_numbers(stats)
-        self.trend.set_live(stats)
+        """Numbers of the answer streaming now (the app's own count), shown at most every
+        :data:`LIVE_MS`: readable, and cheap while text streams into the chat."""
+        self._pending = stats
+        if not self._live_timer.isActive():
+            self._live_timer.start()
+
+    def _show_pending(self) -> None:
+        if self._pending is not None:
+            self._show_numbers(self._pending)
+            self.trend.set_live(self._pending)
+            self._pending = None
 
     def show_final(self, stats: AnswerStats) -> None:
         """The worker's measured numbers of a finished answer."""
+        self._pending = None
+        self._live_timer.stop()
         self._show_numbers(stats)
         self.acceptance.set(_fmt(stats.acceptance_rate, "{:.0%}"))
         self.trend.set_live(None)
