@@ -47,7 +47,7 @@ class WorkerError(Exception):
 class Health:
     """The worker as the window should describe it."""
 
-    state: str  # "starting", "loading", "ready", "error" or "unreachable"
+    state: str  # "starting", "loading", "ready", "error", "unreachable" or "stopped"
     progress: float = 0.0
     message: str = ""
     load_off: bool = False
@@ -68,6 +68,8 @@ class Health:
             return f"The models failed to load: {self.message}"
         if self.state == "unreachable":
             return f"The worker is not answering ({self.message}); retrying…"
+        if self.state == "stopped":
+            return f"The worker stopped ({self.message}); restarting it…"
         return self.message or "Starting the worker…"
 
 
@@ -175,11 +177,14 @@ class WorkerClient(QObject):
 
     # --- lifecycle ------------------------------------------------------------------
 
-    def set_url(self, url: str | None) -> None:
-        """Talk to another worker (a restarted one); polls at once."""
+    def set_url(self, url: str | None, why: str = "") -> None:
+        """Talk to another worker (a restarted one; None while there is none, ``why``)."""
         self.url = url
         self._missed = 0
-        self._set_health(Health("starting", message="Starting the worker…", url=url))
+        if url is None and why:
+            self._set_health(Health("stopped", message=why))
+        else:
+            self._set_health(Health("starting", message="Starting the worker…", url=url))
         if self._wake is not None:
             self._wake.set()
 

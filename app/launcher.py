@@ -11,7 +11,10 @@ Contract:
   after a back-off (1 s, doubling up to 30 s while it keeps dying young), giving up
   after :data:`MAX_QUICK_FAILURES` quick failures in a row (:attr:`gave_up`).
 * :meth:`stop` ends the process (SIGTERM, then SIGKILL after ``timeout_ms``). The app
-  only ever stops a worker it started; an attached worker has no launcher.
+  only ever stops a worker it started; an attached worker has no launcher. On Linux the
+  worker also gets SIGTERM if the app itself dies (``PR_SET_PDEATHSIG``, set by a
+  one-line ``python -c`` guard that then execs the worker), so no orphan holds the
+  models' memory.
 """
 
 import json
@@ -30,6 +33,12 @@ MAX_DELAY_S = 30.0
 YOUNG_S = 60.0
 MAX_QUICK_FAILURES = 5
 REPO = Path(__file__).resolve().parent.parent
+PR_SET_PDEATHSIG = 1
+ORPHAN_GUARD = (
+    "import ctypes, os, signal, sys; "
+    f"ctypes.CDLL(None).prctl({PR_SET_PDEATHSIG}, signal.SIGTERM); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
 
 
 @dataclass(frozen=True)
@@ -41,8 +50,9 @@ class WorkerCommand:
     python: str = sys.executable
 
     def arguments(self) -> list[str]:
-        return ["-m", "engine.worker", "--host", "127.0.0.1", "--port", "0",
-                "--profile", self.profile, *self.extra]
+        worker = ["-m", "engine.worker", "--host", "127.0.0.1", "--port", "0",
+                  "--profile", self.profile, *self.extra]
+        return ["-c", ORPHAN_GUARD, *worker] if sys.platform.startswith("linux") else worker
 
 
 def last_line(path: Path) -> str:

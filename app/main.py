@@ -9,8 +9,10 @@ office) and leaves it running. The data directory is the platform's user data di
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import multiprocessing
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -63,6 +65,9 @@ async def run(args: argparse.Namespace) -> int:
     )
     closed = asyncio.Event()
     app.window.closed.connect(closed.set)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl+C, logout: close like the window
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            asyncio.get_running_loop().add_signal_handler(sig, closed.set)
     app.start()
     await closed.wait()
     await app.shutdown()
