@@ -206,7 +206,8 @@ class Store:
 
     @classmethod
     def memory(cls) -> "Store":
-        store = cls(sqlite_utils.Database(memory=True, execute_plugins=False), None)
+        conn = sqlite3.connect(":memory:", check_same_thread=False)
+        store = cls(sqlite_utils.Database(conn, execute_plugins=False), None)
         store._prepare()
         return store
 

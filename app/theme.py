@@ -9,8 +9,9 @@ replaced by :class:`Colors` fields.
 
 import re
 from dataclasses import asdict, dataclass
+from typing import TypeVar
 
-from PySide6.QtCore import QDir, QEvent, QObject, Qt
+from PySide6.QtCore import QDir, Qt
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
 from PySide6.QtWidgets import QAbstractSpinBox, QApplication
 
@@ -93,16 +94,13 @@ def stylesheet(c: Colors) -> str:
     return re.sub(r"@(\w+)", lambda m: values.get(m.group(1), m.group(0)), template)
 
 
-class SpinBoxPadding(QObject):
-    """Indents spin box text (their inner line edit ignores stylesheet padding)."""
-
-    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802
-        if event.type() == QEvent.Type.Polish and isinstance(watched, QAbstractSpinBox):
-            watched.lineEdit().setTextMargins(6, 0, 0, 0)
-        return False
+SpinBox = TypeVar("SpinBox", bound=QAbstractSpinBox)
 
 
-_spin_padding = SpinBoxPadding()
+def pad_spin_box(box: SpinBox) -> SpinBox:
+    """Indent a spin box's text (its inner line edit ignores stylesheet padding)."""
+    box.lineEdit().setTextMargins(6, 0, 0, 0)
+    return box
 
 
 def apply(app: QApplication, scheme: str = "system") -> Colors:
@@ -112,8 +110,6 @@ def apply(app: QApplication, scheme: str = "system") -> Colors:
         scheme = system_scheme()
     _current = DARK if scheme == "dark" else LIGHT
     QDir.addSearchPath("icons", str(assets_dir() / "icons"))
-    app.removeEventFilter(_spin_padding)
-    app.installEventFilter(_spin_padding)
     app.setStyle("Fusion")
     app.setPalette(palette(_current))
     app.setStyleSheet(stylesheet(_current))

@@ -34,6 +34,7 @@ from app.answer import method_name
 from app.client import Health
 from app.controllers.admin import AdminController
 from app.passphrase import MIN_LENGTH
+from app.theme import pad_spin_box
 
 METHOD_CHOICES = ("draft", "ngram", "suffix", "eagle")
 RIGHT = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
@@ -195,7 +196,7 @@ class AdminPage(QWidget):
         self.adaptive = QRadioButton("Adaptive")
         self.adaptive.setToolTip("The engine picks the draft length per pass from measured costs")
         self.fixed = QRadioButton("Fixed")
-        self.length = QSpinBox()
+        self.length = pad_spin_box(QSpinBox())
         self.length.setRange(1, 16)
         self.length.setSuffix(" tokens")
         group = QButtonGroup(frame)
@@ -207,7 +208,7 @@ class AdminPage(QWidget):
         draft_row.addWidget(self.fixed)
         draft_row.addWidget(self.length)
         draft_row.addStretch()
-        self.threshold = QSpinBox()
+        self.threshold = pad_spin_box(QSpinBox())
         self.threshold.setRange(0, 1024)
         self.threshold.setSuffix(" waiting requests")
         form = QFormLayout()

@@ -7,7 +7,7 @@ It grows from one to eight lines as the text grows.
 """
 
 from PySide6.QtCore import QSize, Qt, Signal
-from PySide6.QtGui import QKeyEvent
+from PySide6.QtGui import QKeyEvent, QTextCursor
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -85,6 +85,7 @@ class Composer(QWidget):
 
     def set_text(self, text: str) -> None:
         self.input.setPlainText(text)
+        self.input.moveCursor(QTextCursor.MoveOperation.End)
 
     def text(self) -> str:
         return self.input.toPlainText()

@@ -30,6 +30,7 @@ from app.controllers.demo import PLAIN, SPECULATIVE, DemoController
 from app.demo import DemoPrompt, compare, duration, text_at
 from app.models.demo_runs import Roles
 from app.store import DemoRun
+from app.theme import pad_spin_box
 from app.widgets.admin_page import page_heading
 from app.widgets.icons import set_icon
 
@@ -138,7 +139,7 @@ class DemoPage(QWidget):
                 QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
             combo.setMinimumContentsLength(length)
         self.method.addItem(method_name("draft").capitalize(), "draft")
-        self.max_tokens = QSpinBox()
+        self.max_tokens = pad_spin_box(QSpinBox())
         self.max_tokens.setRange(16, 2048)
         self.max_tokens.setValue(256)
         self.max_tokens.setSuffix(" tokens")

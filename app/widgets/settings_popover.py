@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.store import ChatSettings
+from app.theme import pad_spin_box
 
 
 class SettingsPopover(QFrame):
@@ -38,12 +39,12 @@ class SettingsPopover(QFrame):
         self.system_prompt = QPlainTextEdit()
         self.system_prompt.setPlaceholderText("How ANVE should behave in this conversation")
         self.system_prompt.setFixedHeight(84)
-        self.temperature = QDoubleSpinBox()
+        self.temperature = pad_spin_box(QDoubleSpinBox())
         self.temperature.setRange(0.0, 2.0)
         self.temperature.setSingleStep(0.1)
         self.temperature.setDecimals(2)
         self.temperature.setToolTip("0 answers the same every time; higher is more varied")
-        self.max_tokens = QSpinBox()
+        self.max_tokens = pad_spin_box(QSpinBox())
         self.max_tokens.setRange(16, 8192)
         self.max_tokens.setSingleStep(64)
         form = QFormLayout()
