@@ -25,7 +25,8 @@ from app.application import AnveApp
 from app.launcher import WorkerCommand
 from app.paths import DATABASE_NAME
 from app.store import COMPLETE, INTERRUPTED, Store
-from tests.app_support import finish, qasync_loop
+from app.widgets.message_view import CodeBlock
+from tests.app_support import FakeWorker, finish, qasync_loop
 from tests.tiny import save_tiny
 from tests.worker_process import Http, WorkerProcess, start_worker
 
@@ -130,9 +131,10 @@ def test_stop_keeps_the_partial_answer_and_the_loop_stays_smooth(
     model = app.chat.messages
     qtbot.waitUntil(lambda: len(model.items) == 2 and len(model.items[1].content) > 200,
                     timeout=WAIT_MS)
-    qtbot.wait(2500)  # a long answer streaming into the window
+    qtbot.wait(4000)  # a long answer streaming into the window
     lag = app.lag.summary()
-    print(f"\nevent-loop lag while streaming a long answer: {lag}")
+    shown = len(model.items[1].content)
+    print(f"\nevent-loop lag while streaming a long answer ({shown} characters): {lag}")
     assert app.chat.busy
     with qtbot.waitSignal(app.chat.answer_completed, timeout=WAIT_MS):
         app.window.chat_page.composer.button.click()  # Send became Stop
@@ -327,3 +329,31 @@ def test_worker_killed_mid_answer_is_restarted_and_the_next_question_works(
     assert model.items[-1].status == COMPLETE and model.items[-1].content
     finish(qtbot, app.shutdown())
     assert second_pid is not None and not psutil.pid_exists(second_pid)
+
+
+# --- a fast stream: rendering and event-loop lag -----------------------------------------------
+
+
+def test_a_long_fast_markdown_answer_keeps_the_event_loop_responsive(
+    loop: qasync.QEventLoop, qtbot: QtBot, tmp_path: Path
+) -> None:
+    with FakeWorker(chars=12000, chunk=8) as fake:  # ~2,000 characters a second: 20x a CPU
+        # model's pace; the answer ends up with 20 code blocks
+        app = open_app(qtbot, tmp_path, worker_url=fake.url)
+        try:
+            qtbot.waitUntil(lambda: app.client.health.ready, timeout=WAIT_MS)
+            app.lag.reset()
+            qtbot.wait(1500)
+            idle = app.lag.summary()
+            app.lag.reset()
+            ask(app, qtbot, "Explain speculative decoding at length.", max_tokens=LONG)
+            lag = app.lag.summary()
+            item = app.chat.messages.items[-1]
+            print(f"\nevent-loop lag while a {len(item.content)}-character Markdown answer "
+                  f"streamed: {lag} (idle window: {idle})")
+            assert item.status == COMPLETE and len(item.content) == 12000
+            blocks = app.window.chat_page.view.widgets[-1].body._widgets
+            assert sum(isinstance(b, CodeBlock) for b in blocks) >= 20
+            assert lag.p95_ms < 50, lag
+        finally:
+            finish(qtbot, app.shutdown())

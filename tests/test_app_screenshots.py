@@ -166,6 +166,9 @@ def test_screenshots_light_and_dark(app: AnveApp, qapp: QApplication, qtbot: QtB
         theme.apply(qapp, scheme)
         window.refresh_theme()
         window.show_page("chat")
+        code = next(c for c in app.chat.conversations.items if c.title.startswith("Parse"))
+        app.chat.open_conversation(code.id)
+        qtbot.waitUntil(lambda: len(app.chat.messages.items) == 4)
         window.chat_page.colours.setChecked(scheme == "dark")
         qtbot.wait(150)
         shots.append(save(window.grab(), shots_dir / f"chat-{scheme}.png"))
@@ -207,7 +210,7 @@ def states(app: AnveApp, qtbot: QtBot, shots_dir: Path, scheme: str) -> list[Pat
     window.chat_page.composer.set_busy(True)
     window.panel.begin_answer()
     window.panel.show_live(replace(live, acceptance_rate=None, estimated=True))
-    qtbot.wait(100)
+    qtbot.wait(400)  # the panel shows live numbers four times a second
     streaming = save(window.grab(), shots_dir / f"chat-streaming-{scheme}.png")
     window.chat_page.composer.set_busy(False)
     model.remove_from(1000)

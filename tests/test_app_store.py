@@ -205,3 +205,11 @@ def test_a_killed_app_leaves_a_valid_database(tmp_path: Path) -> None:
     assert rows[0] == ("user", "the question", "complete")
     assert rows[1][0] == "assistant" and rows[1][1].startswith("partial answer")
     assert rows[1][2] == INTERRUPTED
+
+
+def test_data_dir_follows_anve_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.paths import data_dir, database_path
+
+    monkeypatch.setenv("ANVE_DATA_DIR", str(tmp_path / "anve-data"))
+    assert data_dir() == tmp_path / "anve-data" and data_dir().is_dir()
+    assert database_path().parent == tmp_path / "anve-data"
