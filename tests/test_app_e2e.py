@@ -121,6 +121,13 @@ def test_answer_streams_into_the_view_and_lands_in_sqlite(
     assert (answer.status, answer.content) == (COMPLETE, item.content)
     assert answer.stats is not None and answer.stats["measured"]["method"] == "draft"
     assert "".join(text for text, _ in answer.pieces or []) == answer.content
+    popover = app.window.chat_page.popover
+    app.window.chat_page.open_settings()
+    popover.max_tokens.setValue(64)
+    popover.system_prompt.setPlainText("Answer in French.")
+    popover.close()
+    qtbot.waitUntil(lambda: stored(tmp_path).conversations()[0].settings.max_tokens == 64)
+    assert stored(tmp_path).conversations()[0].settings.system_prompt == "Answer in French."
 
 
 def test_stop_keeps_the_partial_answer_and_the_loop_stays_smooth(
@@ -129,9 +136,13 @@ def test_stop_keeps_the_partial_answer_and_the_loop_stays_smooth(
     app.lag.reset()
     send(app, PROMPT, LONG)
     model = app.chat.messages
-    qtbot.waitUntil(lambda: len(model.items) == 2 and len(model.items[1].content) > 200,
+    qtbot.waitUntil(lambda: len(model.items) == 2 and len(model.items[1].content) > 40,
                     timeout=WAIT_MS)
     qtbot.wait(4000)  # a long answer streaming into the window
+    store = stored(tmp_path)
+    saved = store.messages(store.conversations()[0].id)[1]  # saved while it streams
+    assert saved.status == INTERRUPTED and saved.content
+    assert model.items[1].content.startswith(saved.content)
     lag = app.lag.summary()
     shown = len(model.items[1].content)
     print(f"\nevent-loop lag while streaming a long answer ({shown} characters): {lag}")
@@ -232,6 +243,9 @@ def test_admin_refuses_a_wrong_passphrase_and_changes_the_method_live(
     with qtbot.waitSignal(app.client.speculation_received, timeout=WAIT_MS):
         page.unlock_with("correct horse battery")
     assert page.stack.currentIndex() == 1
+    qtbot.waitUntil(lambda: page.models.rowCount() == 2)
+    assert page.address.text() == worker.url
+    assert {page.models.item(r, 1).text() for r in range(2)} == {"target", "draft"}
     page.choose_method("ngram")
     assert page.changes() == {"method": "ngram"}
     with qtbot.waitSignal(app.client.speculation_received, timeout=WAIT_MS) as confirmed:
@@ -256,10 +270,15 @@ def test_demo_fills_both_panes_checks_identity_and_is_stored(
 ) -> None:
     page = app.window.demo_page
     app.window.show_page("demo")
+    assert page.prompt_choice.count() == 7  # the shipped prompts and "your own"
+    assert {p.kind for p in page.prompts} == {"code", "summary", "chat"}
+    sides: set[str] = set()
+    app.demo.pane_updated.connect(lambda side, _progress: sides.add(side))
     page.max_tokens.setValue(40)
     with qtbot.waitSignal(app.demo.run_finished, timeout=WAIT_MS) as finished:
         assert page.start(PROMPT, "draft")
     run = finished.args[0]
+    assert sides == {"plain", "speculative"}  # both streamed live
     plain, fast = (page.panes[side].text.toPlainText() for side in ("plain", "speculative"))
     assert plain and plain == fast == run.plain["text"] == run.speculative["text"]
     assert run.identical and run.first_difference is None

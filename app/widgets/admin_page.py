@@ -193,21 +193,7 @@ class AdminPage(QWidget):
         self.method = QComboBox()
         for method in METHOD_CHOICES:
             self.method.addItem(method_name(method).capitalize(), method)
-        self.adaptive = QRadioButton("Adaptive")
-        self.adaptive.setToolTip("The engine picks the draft length per pass from measured costs")
-        self.fixed = QRadioButton("Fixed")
-        self.length = pad_spin_box(QSpinBox())
-        self.length.setRange(1, 16)
-        self.length.setSuffix(" tokens")
-        group = QButtonGroup(frame)
-        group.addButton(self.adaptive)
-        group.addButton(self.fixed)
-        self.fixed.toggled.connect(self.length.setEnabled)
-        draft_row = QHBoxLayout()
-        draft_row.addWidget(self.adaptive)
-        draft_row.addWidget(self.fixed)
-        draft_row.addWidget(self.length)
-        draft_row.addStretch()
+        draft_row = self._draft_length(frame)
         self.threshold = pad_spin_box(QSpinBox())
         self.threshold.setRange(0, 1024)
         self.threshold.setSuffix(" waiting requests")
@@ -233,6 +219,25 @@ class AdminPage(QWidget):
         layout.addWidget(self.apply_status)
         layout.addLayout(buttons)
         return frame
+
+    def _draft_length(self, owner: QWidget) -> QHBoxLayout:
+        """Adaptive, or fixed at 1-16 tokens."""
+        self.adaptive = QRadioButton("Adaptive")
+        self.adaptive.setToolTip("The engine picks the draft length per pass from measured costs")
+        self.fixed = QRadioButton("Fixed")
+        self.length = pad_spin_box(QSpinBox())
+        self.length.setRange(1, 16)
+        self.length.setSuffix(" tokens")
+        group = QButtonGroup(owner)
+        group.addButton(self.adaptive)
+        group.addButton(self.fixed)
+        self.fixed.toggled.connect(self.length.setEnabled)
+        row = QHBoxLayout()
+        row.addWidget(self.adaptive)
+        row.addWidget(self.fixed)
+        row.addWidget(self.length)
+        row.addStretch()
+        return row
 
     def _worker_card(self) -> QWidget:
         frame, layout = card_frame("Worker")

@@ -128,17 +128,38 @@ class DemoPage(QWidget):
         layout = QVBoxLayout(frame)
         layout.setContentsMargins(16, 12, 16, 12)
         layout.setSpacing(8)
-        self.prompt_choice = QComboBox()
-        self.method = QComboBox()
+        self.prompt = QPlainTextEdit()
+        self.prompt.setFixedHeight(74)
+        self.prompt.setPlaceholderText("Type a prompt")
+        layout.addLayout(self._choices())
+        layout.addWidget(self.prompt)
+        layout.addLayout(self._run_row())
+        self._prompt_chosen(0)
+        return frame
+
+    def _choices(self) -> QHBoxLayout:
+        """Prompt (shipped ones, or your own) and method."""
+        self.prompt_choice, self.method = QComboBox(), QComboBox()
         for prompt in self.prompts:
             self.prompt_choice.addItem(prompt.title, prompt.prompt)
         self.prompt_choice.addItem(OWN_PROMPT, "")
         self.prompt_choice.currentIndexChanged.connect(self._prompt_chosen)
-        for combo, length in ((self.prompt_choice, 14), (self.method, 8)):
+        self.method.addItem(method_name("draft").capitalize(), "draft")
+        row = QHBoxLayout()
+        row.setSpacing(10)
+        for caption, combo, length, stretch in (("Prompt", self.prompt_choice, 14, 3),
+                                                ("Method", self.method, 8, 1)):
             combo.setSizeAdjustPolicy(
                 QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
             combo.setMinimumContentsLength(length)
-        self.method.addItem(method_name("draft").capitalize(), "draft")
+            label = QLabel(caption)
+            label.setObjectName("Muted")
+            row.addWidget(label)
+            row.addWidget(combo, stretch)
+        return row
+
+    def _run_row(self) -> QHBoxLayout:
+        """Answer length, why a run cannot start now, and Run."""
         self.max_tokens = pad_spin_box(QSpinBox())
         self.max_tokens.setRange(16, 2048)
         self.max_tokens.setValue(256)
@@ -146,33 +167,18 @@ class DemoPage(QWidget):
         self.run_button = QPushButton("  Run demo")
         self.run_button.setObjectName("Primary")
         self.run_button.clicked.connect(self._run_clicked)
-        row = QHBoxLayout()
-        row.setSpacing(10)
-        for caption, widget, stretch in (("Prompt", self.prompt_choice, 3),
-                                         ("Method", self.method, 1)):
-            label = QLabel(caption)
-            label.setObjectName("Muted")
-            row.addWidget(label)
-            row.addWidget(widget, stretch)
-        self.prompt = QPlainTextEdit()
-        self.prompt.setFixedHeight(74)
-        self.prompt.setPlaceholderText("Type a prompt")
         self.reason = QLabel()
         self.reason.setObjectName("Muted")
         self.reason.setWordWrap(True)
         up_to = QLabel("Answer up to")
         up_to.setObjectName("Muted")
-        run_row = QHBoxLayout()
-        run_row.setSpacing(10)
-        run_row.addWidget(up_to)
-        run_row.addWidget(self.max_tokens)
-        run_row.addWidget(self.reason, 1)
-        run_row.addWidget(self.run_button)
-        layout.addLayout(row)
-        layout.addWidget(self.prompt)
-        layout.addLayout(run_row)
-        self._prompt_chosen(0)
-        return frame
+        row = QHBoxLayout()
+        row.setSpacing(10)
+        row.addWidget(up_to)
+        row.addWidget(self.max_tokens)
+        row.addWidget(self.reason, 1)
+        row.addWidget(self.run_button)
+        return row
 
     def _results(self) -> QWidget:
         bar = QFrame()

@@ -53,6 +53,12 @@ class MainWindow(QMainWindow):
         self.pages = QStackedWidget()
         for page in (self.chat_page, self.demo_page, self.admin_page):
             self.pages.addWidget(page)
+        self.setCentralWidget(self._arrange())
+        self._connect(chat, demo, client)
+        self.show_health(self.health)
+
+    def _arrange(self) -> QWidget:
+        """Sidebar | banner over the page | panel."""
         centre = QWidget()
         column = QVBoxLayout(centre)
         column.setContentsMargins(0, 0, 0, 0)
@@ -66,7 +72,9 @@ class MainWindow(QMainWindow):
         row.addWidget(self.sidebar)
         row.addWidget(centre, 1)
         row.addWidget(self.panel)
-        self.setCentralWidget(root)
+        return root
+
+    def _connect(self, chat: ChatController, demo: DemoController, client: WorkerClient) -> None:
         self.sidebar.page_selected.connect(self.show_page)
         client.health_changed.connect(self.show_health)
         client.speculation_received.connect(self.panel.show_setting)
@@ -77,7 +85,6 @@ class MainWindow(QMainWindow):
         demo.busy_changed.connect(self._gate)
         demo.pane_updated.connect(lambda _side, progress: self.panel.show_live(progress.stats))
         demo.pane_finished.connect(self._demo_side_finished)
-        self.show_health(self.health)
 
     def show_page(self, key: str) -> None:
         self.pages.setCurrentIndex(PAGE_INDEX[key])

@@ -119,15 +119,7 @@ class SpeculationPanel(QFrame):
         pill_row.addStretch()
         layout.addLayout(pill_row)
         layout.addWidget(self.method)
-        grid = QGridLayout()
-        grid.setHorizontalSpacing(14)
-        grid.setVerticalSpacing(10)
-        self.speed, self.acceptance = Stat("tokens/s now"), Stat("acceptance rate")
-        self.mean_length, self.first_token = Stat("tokens per pass"), Stat("first token")
-        for i, stat in enumerate((self.speed, self.acceptance, self.mean_length,
-                                  self.first_token)):
-            grid.addWidget(stat, i // 2, i % 2)
-        layout.addLayout(grid)
+        layout.addLayout(self._numbers())
         self.trend = TrendChart(answers)
         legend = QLabel(f'<span style="color:{colors().chart_a}">●</span> tokens/s &nbsp; '
                         f'<span style="color:{colors().chart_b}">●</span> acceptance')
@@ -148,6 +140,17 @@ class SpeculationPanel(QFrame):
         self.worker.setWordWrap(True)
         layout.addWidget(self.worker)
         return body
+
+    def _numbers(self) -> QGridLayout:
+        grid = QGridLayout()
+        grid.setHorizontalSpacing(14)
+        grid.setVerticalSpacing(10)
+        self.speed, self.acceptance = Stat("tokens/s now"), Stat("acceptance rate")
+        self.mean_length, self.first_token = Stat("tokens per pass"), Stat("first token")
+        for i, stat in enumerate((self.speed, self.acceptance, self.mean_length,
+                                  self.first_token)):
+            grid.addWidget(stat, i // 2, i % 2)
+        return grid
 
     # --- showing ---------------------------------------------------------------------------
 
