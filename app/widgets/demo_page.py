@@ -33,6 +33,7 @@ from app.store import DemoRun
 from app.theme import pad_spin_box
 from app.widgets.admin_page import page_heading
 from app.widgets.icons import set_icon
+from app.widgets.message_view import monospace_font
 
 REPLAY_TICK_MS = 30
 OWN_PROMPT = "Your own prompt"
@@ -51,6 +52,7 @@ class DemoPane(QFrame):
         self.text = QPlainTextEdit()
         self.text.setObjectName("PaneText")
         self.text.setReadOnly(True)
+        self.text.setFont(monospace_font())  # answers are compared character for character
         self.footer = QLabel("")
         self.footer.setObjectName("Footer")
         self.footer.setWordWrap(True)
