@@ -29,7 +29,9 @@ PROFILES = ("appliance", "light")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="anve", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="anve", description="ANVE desktop: chat with the office's local model."
+    )
     p.add_argument("--worker", metavar="URL", help="attach to a running worker instead")
     p.add_argument("--profile", choices=PROFILES, default="appliance",
                    help="models for the worker the app starts (light: for weak machines)")
