@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-step set-up for ANVE on a fresh machine, then run something.
-#   bash setup.sh run [chat options]   set up, fetch the default models, start the chat
+#   bash setup.sh run [anve options]   set up, fetch the default models, open the desktop app
 #   bash setup.sh test [pytest args]   set up (light model only) and run the test suite
 # Safe to run again: it reuses .venv and the converted model cache.
 set -euo pipefail
@@ -61,7 +61,7 @@ case "$mode" in
         echo "== installing the default models (Qwen2.5-Coder 1.5B + 0.5B, verified by SHA-256)"
         .venv/bin/python -m engine.models install appliance
         .venv/bin/python -m engine.models prepare appliance
-        exec .venv/bin/python -m engine.chat "$@"
+        exec .venv/bin/anve "$@"
         ;;
     test)
         ensure_venv ".[dev]"
