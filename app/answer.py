@@ -47,12 +47,14 @@ class AnswerStats:
     time_to_first_token_s: float | None = None
     finish_reason: str | None = None
     estimated: bool = False
+    token_ids: tuple[int, ...] | None = None  # the answer's token ids, when the worker sent them
 
     @classmethod
     def from_final_chunk(cls, chunk: dict[str, Any]) -> "AnswerStats":
         spec = chunk.get("speculation") or {}
         usage = chunk.get("usage") or {}
         choices = chunk.get("choices") or [{}]
+        ids = (chunk.get("anve") or {}).get("token_ids")
         return cls(
             method=str(spec.get("method", "unknown")),
             enabled=bool(spec.get("enabled", False)),
@@ -69,11 +71,13 @@ class AnswerStats:
             tokens_per_second=spec.get("tokens_per_second"),
             time_to_first_token_s=spec.get("time_to_first_token_s"),
             finish_reason=choices[0].get("finish_reason"),
+            token_ids=None if ids is None else tuple(int(t) for t in ids),
         )
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["accepted_per_position"] = list(self.accepted_per_position)
+        out["token_ids"] = None if self.token_ids is None else list(self.token_ids)
         return out
 
     @classmethod
@@ -82,6 +86,8 @@ class AnswerStats:
             return None
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         known["accepted_per_position"] = tuple(known.get("accepted_per_position") or ())
+        if known.get("token_ids") is not None:
+            known["token_ids"] = tuple(known["token_ids"])
         return cls(**known)
 
     @property

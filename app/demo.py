@@ -51,9 +51,14 @@ def first_difference(a: str, b: str) -> int | None:
 def compare(
     plain: str, speculative: str, plain_tokens: int | None = None,
     speculative_tokens: int | None = None,
+    plain_ids: Sequence[int] | None = None, speculative_ids: Sequence[int] | None = None,
 ) -> Comparison:
-    """Same text and, when known, the same number of tokens."""
+    """Identical token ids when the worker sent them; else same text and token count."""
     index = first_difference(plain, speculative)
+    if plain_ids is not None and speculative_ids is not None:
+        if list(plain_ids) == list(speculative_ids):
+            return Comparison(True, None)
+        index = len(plain) if index is None else index  # same text from different tokens
     counted = plain_tokens is not None and speculative_tokens is not None
     if index is None and counted and plain_tokens != speculative_tokens:
         index = len(plain)

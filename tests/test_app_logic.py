@@ -117,6 +117,9 @@ def test_demo_comparison_replay_and_speedup() -> None:
     assert first_difference("ab", "abc") == 2
     assert compare("same", "same", 3, 3).identical
     assert not compare("same", "same", 3, 4).identical
+    assert compare("same", "same", 3, 3, [5, 6, 7], [5, 6, 7]).identical
+    by_ids = compare("same", "same", 3, 3, [5, 6, 7], [5, 61, 7])  # same text, other tokens
+    assert (by_ids.identical, by_ids.index) == (False, 4)
     diff = compare("the cat sat", "the cab sat")
     assert (diff.identical, diff.index) == (False, 6)
     assert "character 6" in diff.describe()

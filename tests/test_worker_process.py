@@ -124,6 +124,7 @@ def test_openai_client_gets_answers_and_speculation(client: OpenAI, reference: s
     assert set(spec) >= ISSUE_FIELDS
     assert spec["method"] == "draft" and spec["enabled"] and spec["accepted"] > 0
     assert "".join(text for text, _ in answer["anve"]["pieces"]) == reference
+    assert len(answer["anve"]["token_ids"]) == N
 
     text, chunks = stream(client, N)
     assert text == reference
@@ -134,6 +135,7 @@ def test_openai_client_gets_answers_and_speculation(client: OpenAI, reference: s
     assert final.choices[0].finish_reason == "length"
     assert final.usage is not None and final.usage.completion_tokens == N
     assert set((final.model_extra or {})["speculation"]) >= ISSUE_FIELDS
+    assert (final.model_extra or {})["anve"]["token_ids"] == answer["anve"]["token_ids"]
 
 
 @pytest.mark.parametrize(

@@ -107,7 +107,7 @@ class DemoController(QObject):
         self, prompt: str, method: str, plain: AnswerResult, fast: AnswerResult
     ) -> DemoRun:
         same = compare(plain.text, fast.text, plain.stats.completion_tokens,
-                       fast.stats.completion_tokens)
+                       fast.stats.completion_tokens, plain.stats.token_ids, fast.stats.token_ids)
         ratio = speedup(plain.stats.tokens_per_second, fast.stats.tokens_per_second)
         sides = [
             {"text": r.text, "stats": r.stats.to_dict(), "timeline": r.timeline,

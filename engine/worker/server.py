@@ -214,6 +214,7 @@ def _final_fields(job: Job, completion: Completion, started: Started) -> dict[st
     return {
         "usage": usage_json(stats),
         "speculation": speculation_json(stats, job.decision, started.num_draft_tokens),
+        "anve": {"token_ids": list(completion.token_ids)},
     }
 
 
@@ -227,10 +228,9 @@ async def _collect(job: Job, answer: Answer, started: Started) -> web.Response:
             pieces += event.pieces
         if isinstance(event, Completion):
             break
-    body = completion_json(
-        answer, event.text, event.finish_reason, **_final_fields(job, event, started),
-        anve=pieces_json(merge_pieces(pieces)),
-    )
+    fields = _final_fields(job, event, started)
+    fields["anve"] = {**pieces_json(merge_pieces(pieces)), **fields["anve"]}
+    body = completion_json(answer, event.text, event.finish_reason, **fields)
     return web.json_response(body)
 
 
