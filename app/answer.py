@@ -145,6 +145,7 @@ class AnswerStream:
     timeline: list[tuple[float, str]] = field(default_factory=list)
     tokens: int = 0
     passes: int = 0
+    drafted: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -164,7 +165,11 @@ class AnswerStream:
         anve = chunk.get("anve") or {}
         pieces = anve.get("pieces") or [[content, False]]
         n = int(anve.get("tokens") or 1)
-        self._count_pass(n, any(flag for _, flag in pieces))
+        accepted = anve.get("accepted")
+        if accepted is None:  # an older worker: infer from the draft flags
+            accepted = n - 1 if any(flag for _, flag in pieces) else 0
+        self.drafted += int(anve.get("drafted") or 0)
+        self._count_pass(n, int(accepted))
         self.text += content
         merge_pieces(self.pieces, pieces)
         self.timeline.append((now - self.started, content))
@@ -172,10 +177,9 @@ class AnswerStream:
             self.first_token_at = now
         self.last_token_at = now
 
-    def _count_pass(self, tokens: int, drafted: bool) -> None:
+    def _count_pass(self, tokens: int, accepted: int) -> None:
         self.tokens += tokens
         self.passes += 1
-        accepted = tokens - 1 if drafted else 0
         while len(self.accepted_per_position) < accepted:
             self.accepted_per_position.append(0)
         for i in range(accepted):
@@ -192,7 +196,11 @@ class AnswerStream:
             enabled=any(self.accepted_per_position),
             completion_tokens=self.tokens,
             passes=self.passes,
+            drafted=self.drafted,
             accepted=sum(self.accepted_per_position),
+            acceptance_rate=(
+                sum(self.accepted_per_position) / self.drafted if self.drafted else None
+            ),
             mean_accepted_length=self.tokens / self.passes if self.passes else None,
             accepted_per_position=tuple(self.accepted_per_position),
             tokens_per_second=rate,

@@ -63,6 +63,8 @@ class TextChunk:
     text: str
     pieces: tuple[tuple[str, bool], ...] = ()
     token_ids: tuple[int, ...] = ()
+    drafted: int = 0  # draft tokens proposed in the pass(es) that produced this chunk
+    accepted: int = 0  # of those, accepted by the target
 
 
 @dataclass(frozen=True)

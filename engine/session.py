@@ -267,7 +267,7 @@ class ChatEngine:
                 finish = "stop"
                 steps.close()
             if chunk.text or step.tokens:
-                yield TextChunk(chunk.text, chunk.pieces, step.tokens)
+                yield TextChunk(chunk.text, chunk.pieces, step.tokens, step.drafted, step.accepted)
             if text.stopped or step.finish_reason is not None:
                 break
         suffix = self.drafters["suffix"]

@@ -54,6 +54,18 @@ def test_answer_stream_counts_passes_and_takes_the_final_stats() -> None:
     assert stats.finish_reason == "length" and not stats.estimated
 
 
+def test_live_acceptance_comes_from_the_workers_pass_counts() -> None:
+    answer = AnswerStream(started=0.0)
+    for text, drafted, accepted in (("a", 4, 3), ("b", 4, 0), ("c", 2, 2)):
+        payload = chunk(text, [[text, accepted > 0]], accepted + 1)
+        payload["anve"].update(drafted=drafted, accepted=accepted)  # type: ignore[attr-defined]
+        answer.add(payload, 1.0)
+    live = answer.live_stats(1.0)
+    assert (live.drafted, live.accepted) == (10, 5)
+    assert live.acceptance_rate == pytest.approx(0.5)
+    assert live.accepted_per_position == (2, 2, 1)
+
+
 def test_stats_round_trip_and_footer() -> None:
     stats = AnswerStats.from_final_chunk(FINAL)
     assert AnswerStats.from_dict(stats.to_dict()) == stats

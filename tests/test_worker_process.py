@@ -131,6 +131,9 @@ def test_openai_client_gets_answers_and_speculation(client: OpenAI, reference: s
     pieces = [p for c in chunks for p in (c.model_extra or {}).get("anve", {}).get("pieces", [])]
     assert "".join(p[0] for p in pieces) == reference
     assert any(from_draft for _, from_draft in pieces)
+    streamed = [(c.model_extra or {}).get("anve", {}) for c in chunks]
+    assert sum(a.get("accepted", 0) for a in streamed) <= sum(a.get("drafted", 0) for a in streamed)
+    assert sum(a.get("drafted", 0) for a in streamed) > 0
     final = chunks[-1]
     assert final.choices[0].finish_reason == "length"
     assert final.usage is not None and final.usage.completion_tokens == N

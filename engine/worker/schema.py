@@ -7,7 +7,8 @@ the offending ``param``). The ``*_json`` functions build plain dicts for
 a request may carry ``speculation`` (``method``, ``num_draft_tokens``) and ``top_k``;
 a response carries ``speculation`` (what the answer measured) and chunks carry
 ``anve.pieces``: ``[[text, from_draft], ...]``, telling which text came from accepted
-draft tokens (streamed chunks also carry ``anve.tokens``, the tokens of that pass; the
+draft tokens (streamed chunks also carry ``anve.tokens``, ``anve.drafted`` and
+``anve.accepted``, the tokens, drafts and accepted drafts of that pass; the
 final chunk and the non-streamed answer carry ``anve.token_ids``, the answer's token ids,
 so clients can check two answers are identical token for token).
 Unknown request fields are ignored, as OpenAI-compatible servers do.

@@ -272,7 +272,8 @@ async def _stream_payloads(
     while True:
         event = await job.events.get()
         if isinstance(event, TextChunk) and event.text:
-            anve = {**pieces_json(event.pieces), "tokens": len(event.token_ids)}
+            anve = {**pieces_json(event.pieces), "tokens": len(event.token_ids),
+                    "drafted": event.drafted, "accepted": event.accepted}
             yield chunk_json(answer, {"content": event.text}, anve=anve)
         elif isinstance(event, Completion):
             final = _final_fields(job, event, started)
