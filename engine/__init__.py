@@ -7,8 +7,7 @@ sets ``HF_HUB_OFFLINE=1`` so no code path can reach a model hub.
 
 import os
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 __version__ = "0.1.0"
