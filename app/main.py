@@ -86,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     qt_app = QApplication.instance() or QApplication(sys.argv[:1])
     assert isinstance(qt_app, QApplication)
     qt_app.setApplicationName("ANVE")
+    qt_app.setDesktopFileName("org.anve.Desktop")  # matches the installed menu entry
     qt_app.setQuitOnLastWindowClosed(False)
     return int(qasync.run(run(args)))
 
