@@ -1,0 +1,153 @@
+"""Fast CPU linear layers for decoding and verification.
+
+Contract of the layers (each replaces one ``nn.Linear``; input ``[..., K]``, output
+``[..., N]`` in the input's dtype):
+
+* :class:`FastLinear` keeps the same float weight and computes ``x @ W.T + b``. For
+  a few rows (2..``SMALL_ROWS``) it uses ``(W @ x.T).T``, which on this CPU costs
+  about as much as one row where ``F.linear`` costs 2-9x. Outputs equal ``F.linear``
+  within float32 rounding (a different summation order, not bit-identical).
+* :class:`Int4Linear` runs torch's CPU kernel ``_weight_int4pack_mm_for_cpu`` on the
+  GGUF's own 4-bit codes (:mod:`engine.quant`), group 32, dequantizing as
+  ``(q - 8) * scale + zero``. The kernel's fast path wants bfloat16 activations and
+  bfloat16 scale/zero, so compared with the GGUF's float32 dequantization the
+  differences are: scale and zero rounded to bfloat16 (relative 2^-9, about 3 % of a
+  quantization step), the input rounded to bfloat16, and the output rounded to
+  bfloat16 before the bias is added in the input's dtype (llama.cpp itself rounds
+  activations to 8 bits for these dot products).
+* :class:`Int8Linear` (for tensors with no exact int4 form, e.g. Q6_K, Q8_0) is a
+  per-output-channel symmetric int8 re-quantization of the dense weight run by
+  ``_weight_int8pack_mm`` in bfloat16: an approximation, error <= max|W_row| / 254.
+
+Row independence: ``Int4Linear`` and ``Int8Linear`` give each output row the same
+bits whatever the number of rows (their kernels reduce each row on its own);
+``FastLinear`` does not (float32 BLAS picks different kernels for 1 and k rows).
+:mod:`engine.accelerate` swaps these layers into a loaded model.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.quant import GROUP, GroupQuant
+
+SMALL_ROWS = 32  # up to this many rows FastLinear computes (W @ x.T).T
+KERNEL_DTYPE = torch.bfloat16  # the int4/int8 kernels' fast path on AVX2
+
+
+class FastLinear(nn.Module):
+    """``nn.Linear`` with a small-batch-friendly product; shares the original weight."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight  # [N, K], the same Parameter (tied weights stay tied)
+        self.bias = linear.bias  # [N] or None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        if rows <= 1 or rows > SMALL_ROWS:
+            return F.linear(x, self.weight, self.bias)
+        x2 = x.reshape(rows, self.in_features)  # [M, K]
+        y = torch.mm(self.weight, x2.t()).t().contiguous()  # [M, N]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+def _bias_copy(bias: torch.Tensor | None) -> torch.Tensor | None:
+    return None if bias is None else bias.detach().clone()
+
+
+class _QuantizedLinear(nn.Module):
+    """Shared by the quantized layers: sizes, and a shape-only ``weight``."""
+
+    in_features: int
+    out_features: int
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """A meta tensor ``[N, K]``: code may ask ``lm_head.weight.shape``, not compute."""
+        return torch.empty(self.out_features, self.in_features, device="meta")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
+class Int4Linear(_QuantizedLinear):
+    """A linear layer on 4-bit codes with group-32 scale and zero (torch CPU kernel)."""
+
+    packed: torch.Tensor  # [N, K / 2] uint8, the kernel's layout
+    scale_zero: torch.Tensor  # [K / 32, N, 2] in the kernel dtype
+    bias: torch.Tensor | None  # [N]
+
+    def __init__(
+        self, packed: torch.Tensor, scale_zero: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> None:
+        super().__init__()
+        self.out_features, self.in_features = packed.shape[0], packed.shape[1] * 2
+        self.register_buffer("packed", packed)
+        self.register_buffer("scale_zero", scale_zero)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_groups(
+        cls, g: GroupQuant, bias: torch.Tensor | None = None, dtype: torch.dtype = KERNEL_DTYPE
+    ) -> "Int4Linear":
+        """Pack decoded GGUF codes for the kernel (bias copied, kept in float32)."""
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(g.q.to(torch.int32), 1)
+        scale, zero = g.kernel_scale_zero()  # [N, G] each
+        scale_zero = torch.stack([scale.t(), zero.t()], dim=-1)  # [G, N, 2]
+        return cls(packed, scale_zero.to(dtype).contiguous(), _bias_copy(bias))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features).to(self.scale_zero.dtype).contiguous()  # [M, K]
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, GROUP, self.scale_zero)
+        y = y.to(x.dtype)  # [M, N]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weight ``[N, K]`` this layer computes with (for tests)."""
+        eye = torch.eye(self.in_features, dtype=self.scale_zero.dtype)  # [K, K]
+        w_t = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, GROUP, self.scale_zero)
+        return w_t.float().t()  # [N, K]
+
+
+
+class Int8Linear(_QuantizedLinear):
+    """Per-output-channel symmetric int8 re-quantization of a dense weight."""
+
+    q: torch.Tensor  # [N, K] int8
+    scale: torch.Tensor  # [N] in the kernel dtype
+    bias: torch.Tensor | None  # [N]
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.out_features, self.in_features = q.shape
+        self.register_buffer("q", q)
+        self.register_buffer("scale", scale)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_weight(
+        cls,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        dtype: torch.dtype = KERNEL_DTYPE,
+    ) -> "Int8Linear":
+        """Quantize a dense weight ``[N, K]`` per output channel."""
+        w = weight.detach().float()  # [N, K]
+        amax = torch.maximum(w.amax(dim=1), -w.amin(dim=1))  # [N]
+        scale = (amax.clamp_min(torch.finfo(torch.float32).tiny) / 127.0).to(dtype)  # [N]
+        q = torch.div(w, scale.float()[:, None]).round_().clamp_(-127, 127)  # [N, K]
+        # The scale is rounded to the kernel dtype before quantizing: the kernel uses it.
+        return cls(q.to(torch.int8), scale, _bias_copy(bias))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features).to(self.scale.dtype).contiguous()  # [M, K]
+        y = torch.ops.aten._weight_int8pack_mm(x2, self.q, self.scale).to(x.dtype)  # [M, N]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
