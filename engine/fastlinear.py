@@ -11,13 +11,15 @@ Contract of the layers (each replaces one ``nn.Linear``; input ``[..., K]``, out
   GGUF's own 4-bit codes (:mod:`engine.quant`), group 32, dequantizing as
   ``(q - 8) * scale + zero``. The kernel's fast path wants bfloat16 activations and
   bfloat16 scale/zero, so compared with the GGUF's float32 dequantization the
-  differences are: scale and zero rounded to bfloat16 (relative 2^-9, about 3 % of a
-  quantization step), the input rounded to bfloat16, and the output rounded to
-  bfloat16 before the bias is added in the input's dtype (llama.cpp itself rounds
-  activations to 8 bits for these dot products).
+  differences are: scale and zero rounded to bfloat16 (measured on Qwen Q4_K and
+  SmolLM2 Q4_1: weights within 5 % of a quantization step, 0.2 % RMS), the input
+  rounded to bfloat16, and the output rounded to bfloat16 before the bias is added
+  in the input's dtype (llama.cpp itself rounds activations to 8 bits for these dot
+  products).
 * :class:`Int8Linear` (for tensors with no exact int4 form, e.g. Q6_K, Q8_0) is a
   per-output-channel symmetric int8 re-quantization of the dense weight run by
-  ``_weight_int8pack_mm`` in bfloat16: an approximation, error <= max|W_row| / 254.
+  ``_weight_int8pack_mm`` in bfloat16: an approximation, error <= max|W_row| / 254
+  (measured on Qwen Q6_K: 1 % RMS, 0.15-0.2 of a Q6_K step).
 
 Row independence: ``Int4Linear`` and ``Int8Linear`` give each output row the same
 bits whatever the number of rows (their kernels reduce each row on its own);
@@ -113,7 +115,6 @@ class Int4Linear(_QuantizedLinear):
         eye = torch.eye(self.in_features, dtype=self.scale_zero.dtype)  # [K, K]
         w_t = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, GROUP, self.scale_zero)
         return w_t.float().t()  # [N, K]
-
 
 
 class Int8Linear(_QuantizedLinear):

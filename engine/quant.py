@@ -18,7 +18,6 @@ Other formats (Q6_K, Q8_0, F16, F32, ...) have no exact group-32 int4 form;
 :meth:`GGUFWeights.int4` returns ``None`` for them and the caller keeps them dense.
 """
 
-import logging
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +27,7 @@ import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType
 
-log = logging.getLogger(__name__)
-
 GROUP = 32  # input features per scale/offset pair
-QK_K = 256  # elements per Q4_K super-block
 
 # GGUF per-layer tensor name -> Hugging Face module name inside ``model.layers.N``.
 LAYER_NAMES = {
