@@ -129,6 +129,7 @@ def _save_cache(path: Path, layers: dict[str, nn.Module], source: str) -> None:
     """Write the quantized layers' buffers atomically; dense layers are not stored."""
     kinds = {n: type(m).__name__ for n, m in layers.items() if type(m).__name__ in _QUANT_LAYERS}
     tensors = {f"{n}.{b}": t.contiguous() for n in kinds for b, t in layers[n].named_buffers()}
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     save_file(tensors, str(tmp), metadata={"kinds": json.dumps(kinds), "source": source})
     os.replace(tmp, path)

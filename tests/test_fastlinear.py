@@ -237,13 +237,13 @@ def test_light_model_int4_layers_match_gguf_dequantize() -> None:
 def test_converted_layers_are_cached_and_reloaded(tmp_path: Path) -> None:
     model, path = gguf_model(tmp_path)
     x = torch.tensor([[3, 17, 42, 99, 7]])
-    first = accelerate(model, path, "int4+int8", cache_dir=tmp_path)
-    cached = cache_path(tmp_path, "int4+int8", torch.float32)
+    first = accelerate(model, path, "int4+int8", cache_dir=tmp_path / "accelerated")
+    cached = cache_path(tmp_path / "accelerated", "int4+int8", torch.float32)
     assert cached.is_file() and not first.from_cache
     with torch.no_grad():
         expected = model(x).logits
     again, _ = gguf_model(tmp_path)
-    second = accelerate(again, path, "int4+int8", cache_dir=tmp_path)
+    second = accelerate(again, path, "int4+int8", cache_dir=tmp_path / "accelerated")
     assert second.from_cache and second.layers == first.layers and second.row_invariant
     with torch.no_grad():
         assert torch.equal(again(x).logits, expected)
