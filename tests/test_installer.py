@@ -233,7 +233,10 @@ def test_scripts_pass_shellcheck() -> None:
 def test_icon_files_are_shipped() -> None:
     icons = ROOT / "assets" / "icons"
     svg = (icons / f"{APP_ID}.svg").read_text(encoding="utf-8")
-    assert svg.lstrip().startswith("<?xml") and 'viewBox="0 0 256 256"' in svg
+    assert svg.lstrip().startswith("<?xml")
+    box = re.search(r'viewBox="0 0 (\d+) (\d+)"', svg)
+    assert box is not None and box.group(1) == box.group(2), "the icon must be square"
+    assert 'width="256" height="256"' in svg
     for size in ICON_SIZES:
         png = (icons / f"{APP_ID}-{size}.png").read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
