@@ -13,7 +13,7 @@ import threading
 from typing import TextIO
 
 from engine.errors import EngineError
-from engine.protocol import METHODS, Completion, SpeculationStats, TextChunk
+from engine.protocol import ACCELERATIONS, METHODS, Completion, SpeculationStats, TextChunk
 from engine.registry import PROFILES, Progress
 from engine.sampling import SamplingParams
 from engine.session import ADAPTIVE, ChatEngine, DraftLength
@@ -136,6 +136,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--system", default="", help="system prompt")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--accel", choices=ACCELERATIONS, default="auto",
+                        help="linear-layer kernels (default auto: the GGUF's int4 codes)")
     return parser.parse_args(argv)
 
 
@@ -147,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         target, draft = args.target, args.draft
     try:
         engine = ChatEngine.load(
-            target, draft, dtype=args.dtype, data_dir=args.data_dir,
+            target, draft, dtype=args.dtype, data_dir=args.data_dir, accel=args.accel,
             progress=progress_printer(sys.stderr), method=args.method,
             num_draft_tokens=args.num_draft_tokens,
         )

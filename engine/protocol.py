@@ -12,6 +12,9 @@ PROTOCOL_VERSION = 1
 METHODS = ("draft", "ngram", "suffix", "eagle", "off")
 """Drafting methods by name; ``off`` is plain decoding."""
 
+ACCELERATIONS = ("auto", "off", "fp32", "int4", "int4+int8")
+"""Linear-layer kernels (:mod:`engine.accelerate` modes); ``auto`` picks per model."""
+
 
 @dataclass(frozen=True)
 class SpeculationStats:

@@ -133,13 +133,20 @@ class ChatEngine:
         dtype: str = "float32",
         data_dir: str | os.PathLike[str] | None = None,
         progress: Progress | None = None,
+        accel: str = "auto",
         **kwargs: Any,
     ) -> "ChatEngine":
         """Prepare and load models by name or path, then build the engine."""
         loaded_target, loaded_draft = load_pair(
-            target, draft, dtype=dtype, data_dir=data_dir, progress=progress
+            target, draft, dtype=dtype, data_dir=data_dir, progress=progress, accel=accel
         )
         return cls(loaded_target, loaded_draft, **kwargs)
+
+    @property
+    def max_adaptive(self) -> int:
+        """The adaptive policy's longest draft: what one cheap verification can hold."""
+        rows = self.target.efficient_rows
+        return MAX_ADAPTIVE if rows is None else max(1, min(MAX_ADAPTIVE, rows - 1))
 
     @property
     def methods(self) -> list[str]:
@@ -227,7 +234,7 @@ class ChatEngine:
 
     def _policy(self, method: str) -> DraftPolicy:
         """The method's adaptive policy: costs measured on earlier answers are kept."""
-        policy = self.policies.setdefault(method, DraftPolicy(max_gamma=MAX_ADAPTIVE))
+        policy = self.policies.setdefault(method, DraftPolicy(max_gamma=self.max_adaptive))
         policy.new_answer()
         return policy
 

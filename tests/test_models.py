@@ -144,3 +144,28 @@ def test_too_little_memory_is_refused_before_loading(
 def test_unknown_dtype_is_refused(tiny_folder: Path) -> None:
     with pytest.raises(ValueError, match="dtype"):
         models.load_pair(str(tiny_folder), dtype="int3")
+
+
+def test_acceleration_modes_match_the_protocol_list() -> None:
+    from engine.protocol import ACCELERATIONS
+
+    assert models.ACCEL_CHOICES == ACCELERATIONS
+
+
+def test_a_folder_without_gguf_runs_the_fast_float_layers(tiny_folder: Path,
+                                                           tmp_path: Path) -> None:
+    from engine.fastlinear import FastLinear
+
+    target, _ = models.load_pair(str(tiny_folder), data_dir=tmp_path)
+    assert target.accel == "fp32" and target.efficient_rows is None
+    assert any(isinstance(m, FastLinear) for m in target.model.modules())
+    plain, _ = models.load_pair(str(tiny_folder), data_dir=tmp_path, accel="off")
+    assert plain.accel == "off"
+    assert not any(isinstance(m, FastLinear) for m in plain.model.modules())
+
+
+def test_bad_acceleration_is_refused(tiny_folder: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="accel must be one of"):
+        models.load_pair(str(tiny_folder), data_dir=tmp_path, accel="int2")
+    with pytest.raises(ValueError, match="needs a model prepared from a GGUF"):
+        models.load_pair(str(tiny_folder), data_dir=tmp_path, accel="int4+int8")

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.protocol import METHODS
+from engine.protocol import ACCELERATIONS, METHODS
 from engine.registry import PROFILES
 from engine.worker.auth import ConfigError, check_bind, read_token
 
@@ -47,6 +47,7 @@ class WorkerConfig:
     data_dir: str | None
     user_token: str | None = field(repr=False)
     admin_token: str | None = field(repr=False)
+    accel: str = "auto"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="switch speculation off for new requests when more would wait")
     p.add_argument("--max-queue", type=int, default=64, help="waiting requests before 503")
     p.add_argument("--data-dir", help="where converted models are kept")
+    p.add_argument("--accel", choices=ACCELERATIONS, default="auto",
+                   help="linear-layer kernels (default auto: the GGUF's int4 codes)")
     p.add_argument("--token-file", help="file holding the access token (Bearer)")
     p.add_argument("--admin-token-file", help="file holding the admin token")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -92,7 +95,7 @@ def make_config(args: argparse.Namespace) -> WorkerConfig:
         raise ConfigError(str(exc)) from None
     return WorkerConfig(
         args.host, args.port, target, draft, args.method, num_draft_tokens,
-        args.load_threshold, args.max_queue, args.data_dir, user, admin,
+        args.load_threshold, args.max_queue, args.data_dir, user, admin, args.accel,
     )
 
 
@@ -104,7 +107,7 @@ def make_loader(config: WorkerConfig) -> Callable[["Progress"], "ChatEngine"]:
 
         return ChatEngine.load(
             config.target, config.draft, data_dir=config.data_dir, progress=progress,
-            method=config.method,
+            method=config.method, accel=config.accel,
         )
 
     return load
