@@ -8,7 +8,9 @@ objects, see ``engine/worker/schema.py``) in order with the time they arrived an
 * live estimates (:meth:`AnswerStream.live_stats`): tokens, tokens/s, time to first
   token, tokens per target pass and accepted drafts per position, counted from the
   chunks (one chunk per target pass; ``anve.tokens`` counts its tokens),
-* the worker's measured :class:`AnswerStats` once the final chunk arrives.
+* the worker's measured :class:`AnswerStats` once the final chunk arrives,
+* and, from any OpenAI-compatible server, the finish reason, ``usage`` and llama.cpp's
+  ``timings`` (the client maps them with :mod:`app.engines`).
 
 Rates the worker did not measure are ``None``; ``estimated`` marks numbers the app
 counted itself (while streaming, or for an answer stopped before its final chunk).
@@ -21,6 +23,9 @@ METHOD_NAMES = {
     "draft": "draft model", "ngram": "n-gram lookup", "suffix": "suffix lookup",
     "eagle": "EAGLE head", "off": "plain decoding",
 }
+
+
+ENGINE_LABELS = {"vllm": "vLLM", "llama.cpp": "llama.cpp", "openai": "other server"}
 
 
 def method_name(method: str | None) -> str:
@@ -48,6 +53,9 @@ class AnswerStats:
     finish_reason: str | None = None
     estimated: bool = False
     token_ids: tuple[int, ...] | None = None  # the answer's token ids, when the worker sent them
+    engine: str = "anve"  # the server that answered (app.engines: anve, vllm, llama.cpp, openai)
+    unreported: tuple[str, ...] = ()  # panel figures that server does not report
+    notes: tuple[str, ...] = ()  # what the figures mean there (shared server, reset, ...)
 
     @classmethod
     def from_final_chunk(cls, chunk: dict[str, Any]) -> "AnswerStats":
@@ -78,6 +86,7 @@ class AnswerStats:
         out = asdict(self)
         out["accepted_per_position"] = list(self.accepted_per_position)
         out["token_ids"] = None if self.token_ids is None else list(self.token_ids)
+        out["unreported"], out["notes"] = list(self.unreported), list(self.notes)
         return out
 
     @classmethod
@@ -88,6 +97,8 @@ class AnswerStats:
         known["accepted_per_position"] = tuple(known.get("accepted_per_position") or ())
         if known.get("token_ids") is not None:
             known["token_ids"] = tuple(known["token_ids"])
+        for name in ("unreported", "notes"):
+            known[name] = tuple(known.get(name) or ())
         return cls(**known)
 
     @property
@@ -110,7 +121,10 @@ def footer_text(stats: AnswerStats) -> str:
         parts.append(f"{stats.tokens_per_second:.1f} tok/s")
     if stats.time_to_first_token_s is not None:
         parts.append(f"first token {stats.time_to_first_token_s:.2f} s")
-    if stats.enabled:
+    if stats.engine != "anve":
+        label = ENGINE_LABELS.get(stats.engine, stats.engine)
+        parts.append(f"{label} speculation" if stats.enabled else label)
+    elif stats.enabled:
         parts.append(method_name(stats.method))
     elif stats.disabled_reason == "load":
         parts.append("speculation off: high load")
@@ -151,6 +165,9 @@ class AnswerStream:
     last_token_at: float | None = None
     final: AnswerStats | None = None
     model: str = ""
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None  # llama.cpp's per-response timings
 
     def add(self, chunk: dict[str, Any], now: float) -> None:
         """Take one SSE payload that arrived at ``now``."""
@@ -159,6 +176,12 @@ class AnswerStream:
         delta = choices[0].get("delta") or {}
         if chunk.get("speculation") is not None or chunk.get("usage") is not None:
             self.final = AnswerStats.from_final_chunk(chunk)
+        if choices[0].get("finish_reason"):
+            self.finish_reason = str(choices[0]["finish_reason"])
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        if isinstance(chunk.get("timings"), dict):
+            self.timings = chunk["timings"]
         content = delta.get("content") or ""
         if not content:
             return

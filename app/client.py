@@ -15,6 +15,14 @@ Contract:
   the worker died or went away) or ``error`` (the worker refused or failed).
 * Admin changes (:meth:`update_speculation`) are confirmed from the worker's answer:
   :attr:`speculation_received` carries what the worker now says, never what was asked.
+* Any OpenAI-compatible server works (:meth:`attach`). On connect the client detects
+  what it talks to (:func:`app.engines.detect`: our worker, vLLM, llama.cpp's server or
+  an unknown one); :attr:`Health.engine` says which. A foreign server's readiness is its
+  ``GET /v1/models``; its answers are mapped onto our figures (:func:`app.engines.
+  foreign_stats`): vLLM's ``/metrics`` counters are read before and after each answer,
+  llama.cpp's ``timings`` come with the answer, and whatever a server does not report is
+  named in ``AnswerStats.unreported``. A refused token (``refused``) and a server that
+  is not OpenAI-compatible (``incompatible``) are health states with a clear message.
 """
 
 import asyncio
@@ -22,6 +30,7 @@ import contextlib
 import itertools
 import json
 import logging
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +38,26 @@ import aiohttp
 from PySide6.QtCore import QObject, Signal
 
 from app.answer import AnswerStats, AnswerStream
+from app.engines import (
+    LLAMA_CPP,
+    METRICS_FAILED_NOTE,
+    VLLM,
+    EngineInfo,
+    Probes,
+    Problem,
+    Reply,
+    SpecFigures,
+    VllmCounters,
+    detect,
+    foreign_live,
+    foreign_stats,
+    is_anve_health,
+    llama_cpp_figures,
+    measure,
+    refusal,
+    unknown_figures,
+    vllm_figures,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +65,7 @@ LOADING_POLL_S = 0.3
 READY_POLL_S = 2.0
 HEALTH_TIMEOUT_S = 10.0
 MISSED_BEFORE_UNREACHABLE = 3
+COUNTERS_SETTLE_S = 0.3  # vLLM may publish an answer's last step just after its last chunk
 COMPLETE, STOPPED, INTERRUPTED, ERROR = "complete", "stopped", "interrupted", "error"
 
 
@@ -47,12 +77,13 @@ class WorkerError(Exception):
 class Health:
     """The worker as the window should describe it."""
 
-    state: str  # "starting", "loading", "ready", "error", "unreachable" or "stopped"
+    state: str  # starting, loading, ready, error, unreachable, stopped, refused, incompatible
     progress: float = 0.0
     message: str = ""
     load_off: bool = False
     models: tuple[str, ...] = ()
     url: str | None = None
+    engine: EngineInfo | None = None  # what the URL serves, once detected
 
     @property
     def ready(self) -> bool:
@@ -70,6 +101,12 @@ class Health:
             return f"The worker is not answering ({self.message}); retrying…"
         if self.state == "stopped":
             return f"The worker stopped ({self.message}); restarting it…"
+        if self.state == "refused":
+            return (f"{self.url} refused the connection: {self.message}. Check the access "
+                    "token, or choose another server or the local worker in Admin.")
+        if self.state == "incompatible":
+            return (f"{self.url} cannot be used: {self.message}. Choose another server or the "
+                    "local worker in Admin.")
         return self.message or "Starting the worker…"
 
 
@@ -81,15 +118,19 @@ class AnswerRequest:
     speculation: dict[str, Any] | None = None  # e.g. {"method": "off"}
     seed: int | None = None
 
-    def body(self) -> dict[str, Any]:
+    def body(self, engine: EngineInfo | None = None) -> dict[str, Any]:
+        """The request for our worker, or plain OpenAI for a foreign ``engine``."""
         body: dict[str, Any] = {
             "model": "anve", "messages": self.messages, "stream": True,
             "temperature": self.temperature, "max_tokens": self.max_tokens,
         }
-        if self.speculation is not None:
-            body["speculation"] = self.speculation
         if self.seed is not None:
             body["seed"] = self.seed
+        if engine is not None and engine.foreign:
+            body["model"] = engine.models[0] if engine.models else "default"
+            body["stream_options"] = {"include_usage": True}
+        elif self.speculation is not None:
+            body["speculation"] = self.speculation
         return body
 
 
@@ -112,6 +153,22 @@ class AnswerResult:
     message: str = ""
 
 
+@dataclass(frozen=True)
+class CountersRead:
+    """One read of vLLM's ``/metrics``: whether it worked, and its speculation counters."""
+
+    ok: bool
+    counters: VllmCounters | None
+
+
+def _behind(before: CountersRead, after: CountersRead, own_tokens: int) -> bool:
+    """The server has not yet counted all of an answer's tokens."""
+    if before.counters is None or after.counters is None:
+        return False
+    start, end = before.counters.generation_tokens, after.counters.generation_tokens
+    return start is not None and end is not None and end - start < own_tokens
+
+
 @dataclass
 class _Stream:
     task: "asyncio.Task[None] | None" = None
@@ -132,9 +189,13 @@ def parse_sse_line(line: bytes) -> dict[str, Any] | str | None:
 
 
 def error_message(body: Any, status: int) -> str:
-    """The message of an OpenAI-style error body."""
+    """The message of an OpenAI-style error body (vLLM's and FastAPI's shapes too)."""
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         return str(body["error"].get("message") or f"HTTP {status}")
+    if isinstance(body, dict):
+        for key in ("message", "detail", "error"):
+            if isinstance(body.get(key), str) and body[key]:
+                return f"{body[key]} (HTTP {status})"
     return f"the worker answered HTTP {status}"
 
 
@@ -156,6 +217,8 @@ class WorkerClient(QObject):
     """A setting change was refused; the worker's message."""
     models_received = Signal(list)
     """``GET /v1/models`` data: ``[{id, anve: {role, max_context, memory_bytes}}]``."""
+    engine_detected = Signal(object)
+    """What the URL serves (:class:`app.engines.EngineInfo`), after each (re)detection."""
 
     def __init__(
         self, url: str | None = None, *, token: str | None = None,
@@ -173,14 +236,25 @@ class WorkerClient(QObject):
         self._wake: asyncio.Event | None = None
         self._missed = 0
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.engine: EngineInfo | None = None
         self.health = Health("starting", message="Starting the worker…")
 
     # --- lifecycle ------------------------------------------------------------------
+
+    def attach(self, url: str | None, token: str | None) -> None:
+        """Talk to another server with another access token (None: no token)."""
+        if token != self._token:
+            self._token = token
+            if self._session is not None:
+                self._spawn(self._session.close())
+                self._session = None
+        self.set_url(url)
 
     def set_url(self, url: str | None, why: str = "") -> None:
         """Talk to another worker (a restarted one; None while there is none, ``why``)."""
         self.url = url
         self._missed = 0
+        self.engine = None
         if url is None and why:
             self._set_health(Health("stopped", message=why))
         else:
@@ -229,35 +303,100 @@ class WorkerClient(QObject):
                 self.fetch_speculation()
                 self.fetch_models()
 
+    @property
+    def foreign(self) -> bool:
+        """Attached to a server that is not our worker."""
+        return self.engine is not None and self.engine.foreign
+
     async def _poll_health(self) -> None:
         assert self._wake is not None
         while True:
-            if self.url is not None:
-                self._set_health(await self._health_once(self.url))
-            delay = READY_POLL_S if self.health.ready else LOADING_POLL_S
+            url = self.url
+            if url is not None:
+                health = await self._health_once(url)
+                if url == self.url:
+                    self._set_health(health)
+            slow = self.health.ready or self.health.state in ("refused", "incompatible")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
+                await asyncio.wait_for(self._wake.wait(), READY_POLL_S if slow else LOADING_POLL_S)
             self._wake.clear()
 
     async def _health_once(self, url: str) -> Health:
-        timeout = aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)
         try:
-            async with self._http().get(f"{url}/health", timeout=timeout) as resp:
-                body = await resp.json()
+            if self.engine is None:
+                found = await self._detect(url)
+                if url != self.url:
+                    return self.health
+                if isinstance(found, Problem):
+                    self._missed = 0
+                    log.warning("cannot use %s: %s", url, found.message)
+                    return Health(found.state, message=found.message, url=url)
+                self.engine = found
+                log.info("%s serves %s (speculation: %s)", url, found.name, found.speculation)
+                self.engine_detected.emit(found)
+            if self.engine.foreign:
+                return await self._foreign_health(url, self.engine)
+            reply = await self._get(url, "/health")
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             return self._missed_health(url, exc)
         self._missed = 0
+        problem = refusal(reply)
+        if problem is not None:
+            return Health(problem.state, message=problem.message, url=url, engine=self.engine)
+        body = reply.body if isinstance(reply.body, dict) else {}
         return Health(
             state=str(body.get("status", "error")), progress=float(body.get("progress", 0.0)),
             message=str(body.get("message", "")), load_off=bool(body.get("speculation_load_off")),
-            models=tuple(body.get("models") or ()), url=url,
+            models=tuple(body.get("models") or ()), url=url, engine=self.engine,
         )
+
+    async def _foreign_health(self, url: str, engine: EngineInfo) -> Health:
+        """A foreign server is ready when it lists its models (503 while it loads)."""
+        reply = await self._get(url, "/v1/models")
+        self._missed = 0
+        problem = refusal(reply)
+        if problem is not None:
+            return Health(problem.state, message=problem.message, url=url, engine=engine)
+        if reply.status == 503:
+            return Health("loading", message=error_message(reply.body, 503), url=url,
+                          engine=engine)
+        data = reply.body.get("data") if isinstance(reply.body, dict) else None
+        if reply.status != 200 or not isinstance(data, list):
+            return Health("error", message=error_message(reply.body, reply.status), url=url,
+                          engine=engine)
+        models = tuple(str(m.get("id")) for m in data if isinstance(m, dict))
+        return Health("ready", 1.0, "ready", models=models, url=url, engine=engine)
+
+    async def _detect(self, url: str) -> EngineInfo | Problem:
+        """Ask the routes that tell engines apart (see :func:`app.engines.detect`)."""
+        health = await self._get(url, "/health")
+        if is_anve_health(health) or refusal(health) is not None:
+            return detect(Probes(health=health))
+        models = await self._get(url, "/v1/models")
+        optional = await asyncio.gather(
+            *(self._optional(url, path, text=path == "/metrics")
+              for path in ("/props", "/metrics", "/version", "/openapi.json")))
+        return detect(Probes(health, models, *optional))
+
+    async def _get(self, url: str, path: str, *, text: bool = False) -> Reply:
+        """``GET url+path`` as a :class:`Reply` (body None when it is not JSON)."""
+        timeout = aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)
+        async with self._http().get(f"{url}{path}", timeout=timeout) as resp:
+            body = await resp.text() if text else await _json_or_none(resp)
+            return Reply(resp.status, body)
+
+    async def _optional(self, url: str, path: str, *, text: bool = False) -> Reply | None:
+        try:
+            return await self._get(url, path, text=text)
+        except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
+            return None
 
     def _missed_health(self, url: str, exc: Exception) -> Health:
         self._missed += 1
         refused = isinstance(exc, aiohttp.ClientConnectorError)
         if refused or self._missed >= MISSED_BEFORE_UNREACHABLE:
-            reason = "connection refused" if refused else type(exc).__name__
+            reason = unreachable_reason(exc)
+            self.engine = None  # detect again when it answers: it may be another server now
             return Health("unreachable", message=reason, url=url)
         return self.health
 
@@ -285,11 +424,18 @@ class WorkerClient(QObject):
         loop = asyncio.get_running_loop()
         answer = AnswerStream(started=loop.time())
         outcome, message = COMPLETE, ""
+        engine = self.engine if self.foreign else None
+        figures: SpecFigures | None = None
         self.answer_started.emit(rid)
         try:
-            await self._read_stream(rid, request, answer)
-            if answer.final is None:
+            before = await self._vllm_counters() if engine and engine.kind == VLLM else None
+            done = await self._read_stream(rid, request, answer, engine)
+            ended = answer.final is not None if engine is None else (
+                done or answer.finish_reason is not None)
+            if not ended:
                 outcome, message = INTERRUPTED, "the worker ended the answer early"
+            elif engine is not None:
+                figures = await self._figures(engine, answer, before)
         except asyncio.CancelledError:
             outcome, message = STOPPED, "stopped"
         except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
@@ -299,30 +445,64 @@ class WorkerClient(QObject):
         stream = self._streams.pop(rid)
         if stream.pending is not None:
             stream.pending.cancel()
+        stats = answer.stats(loop.time())
+        if engine is not None:
+            stats = (foreign_stats(engine, measure(answer, loop.time()), figures)
+                     if figures is not None else foreign_live(engine, stats))
         result = AnswerResult(outcome, answer.text, [list(p) for p in answer.pieces],
-                              answer.stats(loop.time()), answer.timeline, message)
+                              stats, answer.timeline, message)
         log.info("answer %s: %s, %d characters %s", rid, outcome, len(answer.text), message)
         self.answer_finished.emit(rid, result)
 
-    async def _read_stream(self, rid: str, request: AnswerRequest, answer: AnswerStream) -> None:
+    async def _read_stream(
+        self, rid: str, request: AnswerRequest, answer: AnswerStream, engine: EngineInfo | None
+    ) -> bool:
+        """Read one streamed answer into ``answer``; True when ``[DONE]`` ended it."""
         if self.url is None:
             raise aiohttp.ClientConnectionError("the worker is not running")
         loop = asyncio.get_running_loop()
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600)
         url = f"{self.url}/v1/chat/completions"
-        async with self._http().post(url, json=request.body(), timeout=timeout) as resp:
+        async with self._http().post(url, json=request.body(engine), timeout=timeout) as resp:
             if resp.status != 200:
                 raise WorkerError(error_message(await _json_or_none(resp), resp.status))
             async for line in resp.content:
                 payload = parse_sse_line(line)
                 if payload == "[DONE]":
-                    break
+                    return True
                 if not isinstance(payload, dict):
                     continue
                 if "error" in payload:
                     raise WorkerError(error_message(payload, 500))
                 answer.add(payload, loop.time())
                 self._progressed(rid, answer)
+        return False
+
+    async def _figures(
+        self, engine: EngineInfo, answer: AnswerStream, before: "CountersRead | None"
+    ) -> SpecFigures:
+        """The speculation figures a foreign engine reports for the answer just read."""
+        if engine.kind == LLAMA_CPP:
+            return llama_cpp_figures(answer.timings, engine.speculative)
+        if engine.kind != VLLM or before is None:
+            return unknown_figures()
+        own = measure(answer, asyncio.get_running_loop().time()).completion_tokens
+        after = await self._vllm_counters()
+        if _behind(before, after, own):  # the answer's last step is not published yet
+            await asyncio.sleep(COUNTERS_SETTLE_S)
+            after = await self._vllm_counters()
+        if not (before.ok and after.ok):
+            return SpecFigures(unreported=unknown_figures().unreported,
+                               notes=(METRICS_FAILED_NOTE,))
+        return vllm_figures(before.counters, after.counters, own)
+
+    async def _vllm_counters(self) -> "CountersRead":
+        """vLLM's counters now (``ok`` False when ``/metrics`` could not be read)."""
+        reply = None if self.url is None else await self._optional(
+            self.url, "/metrics", text=True)
+        if reply is None or reply.status != 200 or not isinstance(reply.body, str):
+            return CountersRead(False, None)
+        return CountersRead(True, VllmCounters.read(reply.body))
 
     def _progressed(self, rid: str, answer: AnswerStream) -> None:
         """Emit the answer so far, at most every ``throttle_s``."""
@@ -340,17 +520,23 @@ class WorkerClient(QObject):
             return
         now = asyncio.get_running_loop().time()
         stream.last_emit, stream.pending = now, None
-        progress = AnswerProgress(answer.text, [list(p) for p in answer.pieces],
-                                  answer.live_stats(now))
+        live = answer.live_stats(now)
+        if self.foreign and self.engine is not None:
+            live = foreign_live(self.engine, live)
+        progress = AnswerProgress(answer.text, [list(p) for p in answer.pieces], live)
         self.answer_progressed.emit(rid, progress)
 
     # --- settings and models -----------------------------------------------------------
 
     def fetch_speculation(self) -> None:
-        self._spawn(self._speculation("GET", None))
+        if not self.foreign:  # a foreign engine's speculation is set where it is started
+            self._spawn(self._speculation("GET", None))
 
     def update_speculation(self, changes: dict[str, Any]) -> None:
         """``PUT /v1/speculation``; the worker's confirmation arrives as a signal."""
+        if self.foreign and self.engine is not None:
+            self.speculation_failed.emit(self.engine.configured_where)
+            return
         self._spawn(self._speculation("PUT", changes))
 
     async def _speculation(self, method: str, body: dict[str, Any] | None) -> None:
@@ -390,6 +576,37 @@ class WorkerClient(QObject):
             return
         if isinstance(data, dict) and isinstance(data.get("data"), list):
             self.models_received.emit(data["data"])
+
+
+def normalise_url(text: str) -> str:
+    """A server's base URL as the client uses it: ``http(s)://host[:port][/prefix]``.
+
+    OpenAI base URLs are accepted too (a trailing ``/v1`` or ``/`` is dropped); anything
+    else raises ValueError with a message for the window.
+    """
+    url = text.strip().rstrip("/")
+    if url.endswith("/v1"):
+        url = url[: -len("/v1")]
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"{text.strip() or 'an empty address'} is not a server address; "
+                         "write it as http://host:port")
+    try:
+        parsed.port  # noqa: B018 (raises on a bad port)
+    except ValueError as exc:
+        raise ValueError(f"{text.strip()} has no valid port ({exc})") from None
+    return url
+
+
+def unreachable_reason(exc: Exception) -> str:
+    """Why a server cannot be reached, in words."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        if isinstance(exc.os_error, ConnectionRefusedError):
+            return "connection refused"
+        return f"cannot connect: {exc.os_error.strerror or exc.os_error}"
+    if isinstance(exc, aiohttp.InvalidURL):
+        return f"not a valid address: {exc}"
+    return str(exc) or type(exc).__name__
 
 
 async def _json_or_none(resp: aiohttp.ClientResponse) -> Any:
