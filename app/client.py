@@ -376,7 +376,15 @@ class WorkerClient(QObject):
         optional = await asyncio.gather(
             *(self._optional(url, path, text=path == "/metrics")
               for path in ("/props", "/metrics", "/version", "/openapi.json")))
-        return detect(Probes(health, models, *optional))
+        found = detect(Probes(health, models, *optional))
+        if isinstance(found, EngineInfo) and found.kind == LLAMA_CPP:
+            # llama-server answers /health, /props and /v1/models without the key: try it
+            # on a small route that needs it, rather than fail at the first question.
+            timeout = aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)
+            async with self._http().post(f"{url}/tokenize", json={"content": "a"},
+                                         timeout=timeout) as resp:
+                found = refusal(Reply(resp.status, await _json_or_none(resp))) or found
+        return found
 
     async def _get(self, url: str, path: str, *, text: bool = False) -> Reply:
         """``GET url+path`` as a :class:`Reply` (body None when it is not JSON)."""

@@ -3,7 +3,9 @@
 Usage: ``anve`` starts ``python -m engine.worker --port 0 --profile appliance`` in the
 background and stops it on close; ``anve --profile light`` suits weak machines;
 ``anve --worker http://host:port`` attaches to a running worker (an appliance in the
-office) and leaves it running. The data directory is the platform's user data dir or
+office) or any OpenAI-compatible server (vLLM, llama.cpp's llama-server; the app detects
+which and shows what it reports) and leaves it running; without it the app uses the
+server chosen in Admin, if any. The data directory is the platform's user data dir or
 ``ANVE_DATA_DIR``.
 """
 
@@ -21,6 +23,7 @@ from PySide6.QtWidgets import QApplication
 
 from app import theme
 from app.application import AnveApp
+from app.client import normalise_url
 from app.launcher import WorkerCommand
 from app.paths import data_dir
 
@@ -32,7 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="anve", description="ANVE desktop: chat with the office's local model."
     )
-    p.add_argument("--worker", metavar="URL", help="attach to a running worker instead")
+    p.add_argument("--worker", metavar="URL", type=worker_url,
+                   help="attach to a running worker or OpenAI-compatible server (vLLM, "
+                        "llama.cpp) instead of starting one")
     p.add_argument("--profile", choices=PROFILES, default="appliance",
                    help="models for the worker the app starts (light: for weak machines)")
     p.add_argument("--target", help="the started worker's target model (folder or .gguf)")
@@ -42,6 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--theme", choices=("system", "light", "dark"), default="system")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
+
+
+def worker_url(text: str) -> str:
+    try:
+        return normalise_url(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def read_token(path: str | None) -> str | None:

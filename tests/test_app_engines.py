@@ -1,16 +1,14 @@
 """Foreign engines: detection, vLLM's /metrics counters and llama.cpp's timings mapped
 onto the panel's figures (no Qt, no network).
 
-The vLLM texts are Prometheus exposition as vLLM serves it: its counters are registered
-here with ``prometheus_client`` exactly as ``vllm/v1/spec_decode/metrics.py`` and
-``vllm/v1/metrics/loggers.py`` register them (names, help, ``model_name``/``engine``
-labels, ``position`` for the per-position series) and rendered by the same library
-vLLM uses, plus one hand-copied sample. The llama.cpp bodies follow ``llama-server``'s
-documented ``/props`` and a streamed answer's final chunk with ``timings``.
+The vLLM texts are Prometheus exposition as vLLM serves it: its counters registered
+with ``prometheus_client`` as vLLM registers them (:class:`tests.foreign_support.
+VllmMetrics`) and rendered by the same library vLLM uses, plus one sample as served.
+The llama.cpp bodies follow ``llama-server``'s documented ``/props`` and a streamed
+answer's final chunk with ``timings``.
 """
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from app.answer import AnswerStats, AnswerStream, footer_text
 from app.client import AnswerRequest, error_message, normalise_url
@@ -41,60 +39,8 @@ from app.engines import (
     unknown_figures,
     vllm_figures,
 )
-
-MODEL = "Qwen/Qwen2.5-Coder-7B-Instruct"
-
-
-class FakeVllmMetrics:
-    """vLLM's counters, registered and rendered as vLLM does (one engine, k = 3)."""
-
-    def __init__(self, k: int = 3, engines: tuple[str, ...] = ("0",)) -> None:
-        self.registry = r = CollectorRegistry()
-        labels = ["model_name", "engine"]
-        self.drafts = Counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.",
-                              labels, registry=r)
-        self.draft_tokens = Counter("vllm:spec_decode_num_draft_tokens",
-                                    "Number of draft tokens.", labels, registry=r)
-        self.accepted = Counter("vllm:spec_decode_num_accepted_tokens",
-                                "Number of accepted tokens.", labels, registry=r)
-        self.per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
-                               "Accepted tokens per draft position.", [*labels, "position"],
-                               registry=r)
-        self.generation = Counter("vllm:generation_tokens",
-                                  "Number of generation tokens processed.", labels, registry=r)
-        self.success = Counter("vllm:request_success",
-                               "Count of successfully processed requests.",
-                               [*labels, "finished_reason"], registry=r)
-        self.running = Gauge("vllm:num_requests_running",
-                             "Number of requests in model execution batches.", labels,
-                             registry=r)
-        self.k, self.engines = k, engines
-        for engine in engines:  # vLLM creates every engine's series at start
-            for counter in (self.drafts, self.draft_tokens, self.accepted, self.generation):
-                counter.labels(MODEL, engine)
-            for reason in ("stop", "length", "abort"):
-                self.success.labels(MODEL, engine, reason)
-            self.running.labels(MODEL, engine).set(0)
-            for pos in range(k):
-                self.per_pos.labels(MODEL, engine, str(pos)).inc(0)
-
-    def answer(self, drafts: int, accepted_per_draft: list[int], tokens: int,
-               engine: str = "0", requests: int = 1) -> None:
-        """Count one step per draft: k tokens drafted, a prefix of them accepted."""
-        assert len(accepted_per_draft) == drafts
-        labels = (MODEL, engine)
-        self.drafts.labels(*labels).inc(drafts)
-        self.draft_tokens.labels(*labels).inc(drafts * self.k)
-        self.accepted.labels(*labels).inc(sum(accepted_per_draft))
-        for n in accepted_per_draft:
-            for pos in range(n):
-                self.per_pos.labels(*labels, str(pos)).inc()
-        self.generation.labels(*labels).inc(tokens)
-        self.success.labels(*labels, "stop").inc(requests)
-
-    def text(self) -> str:
-        return generate_latest(self.registry).decode()
-
+from tests.foreign_support import VLLM_MODEL as MODEL
+from tests.foreign_support import VllmMetrics as FakeVllmMetrics
 
 # A /metrics excerpt in vLLM's format, as served (other families trimmed).
 VLLM_SAMPLE = f"""\

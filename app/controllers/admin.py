@@ -5,6 +5,11 @@ Contract: the passphrase is set on first use and stored only as a salted scrypt 
 run off the event loop. A wrong passphrase is refused after a short delay. While
 unlocked, :meth:`AdminController.apply` sends ``PUT /v1/speculation``; the worker's
 answer (``WorkerClient.speculation_received``) is the confirmation shown.
+
+Which server the app uses is an admin choice too: :meth:`AdminController.choose_server`
+checks the address, stores it (with its access token) under the ``worker`` setting and
+emits :attr:`server_chosen`; :meth:`use_local_worker` clears it. The app attaches to the
+saved server at start (``anve --worker URL`` overrides it for one session).
 """
 
 import asyncio
@@ -13,7 +18,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
-from app.client import WorkerClient
+from app.client import WorkerClient, normalise_url
 from app.passphrase import hash_passphrase, verify, weakness
 from app.store import AsyncStore, Store
 from app.tasks import TaskSet
@@ -21,6 +26,7 @@ from app.tasks import TaskSet
 log = logging.getLogger(__name__)
 
 PASSPHRASE_KEY = "admin_passphrase"
+WORKER_KEY = "worker"  # {"url": ..., "token": ...} of a server to attach to; None: local
 REFUSAL_DELAY_S = 0.8
 
 
@@ -34,6 +40,12 @@ class AdminController(QObject):
     """The controls were locked again."""
     refused = Signal(str)
     """A passphrase was wrong or too weak; why."""
+    server_loaded = Signal(str)
+    """The saved server's address ('' for the local worker), once at start."""
+    server_chosen = Signal(object, object)
+    """The admin chose a server: address and access token (both None: the local worker)."""
+    server_refused = Signal(str)
+    """A server address could not be used as written; why."""
 
     def __init__(self, db: AsyncStore, client: WorkerClient, parent: QObject | None = None):
         super().__init__(parent)
@@ -49,6 +61,16 @@ class AdminController(QObject):
     async def _load(self) -> None:
         self.has_passphrase = await self.db.call(Store.setting, PASSPHRASE_KEY) is not None
         self.state_loaded.emit(self.has_passphrase)
+        saved = await self.saved_server()
+        self.server_loaded.emit(saved[0] if saved else "")
+
+    async def saved_server(self) -> tuple[str, str | None] | None:
+        """The saved server (address, token), or None for the local worker."""
+        value = await self.db.call(Store.setting, WORKER_KEY)
+        if not isinstance(value, dict) or not value.get("url"):
+            return None
+        token = value.get("token")
+        return str(value["url"]), str(token) if token else None
 
     async def wait(self) -> None:
         await self._tasks.wait()
@@ -91,6 +113,35 @@ class AdminController(QObject):
     def lock(self) -> None:
         self.is_unlocked = False
         self.locked.emit()
+
+    def choose_server(self, address: str, token: str | None) -> bool:
+        """Use (and remember) an OpenAI-compatible server; False when refused at once."""
+        if not self.is_unlocked:
+            self.server_refused.emit("Unlock the admin controls first.")
+            return False
+        try:
+            url = normalise_url(address)
+        except ValueError as exc:
+            self.server_refused.emit(str(exc))
+            return False
+        token = (token or "").strip() or None
+        log.info("admin attaches the app to %s", url)
+        self._tasks.spawn(self._save_server({"url": url, "token": token}), "Saving the server")
+        self.server_chosen.emit(url, token)
+        return True
+
+    def use_local_worker(self) -> bool:
+        """Go back to the worker the app starts itself (and remember that)."""
+        if not self.is_unlocked:
+            self.server_refused.emit("Unlock the admin controls first.")
+            return False
+        log.info("admin switches the app back to its local worker")
+        self._tasks.spawn(self._save_server(None), "Saving the server")
+        self.server_chosen.emit(None, None)
+        return True
+
+    async def _save_server(self, value: dict[str, Any] | None) -> None:
+        await self.db.call(Store.set_setting, WORKER_KEY, value)
 
     def apply(self, changes: dict[str, Any]) -> bool:
         """Send a speculation change to the worker (only while unlocked)."""

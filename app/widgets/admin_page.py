@@ -3,7 +3,12 @@
 Contract: locked, it asks for the passphrase (or, the first time, to set one) through
 :class:`AdminController`. Unlocked, it shows the setting the worker reports and edits
 it; "Apply" sends only what differs, and the confirmation line shows what the worker
-answered. It also lists the loaded models with their memory and the worker's address.
+answered. It also lists the loaded models with their memory and the worker's address,
+and names the engine behind it (our worker, vLLM, llama.cpp's server or another
+OpenAI-compatible server). On a foreign engine the speculation controls are read-only
+and say where that engine's speculation is configured. The "Server" card attaches the
+app to any OpenAI-compatible server (address and access token) or back to the local
+worker; a server that cannot be used says why in the window.
 """
 
 from typing import Any
@@ -33,6 +38,7 @@ from PySide6.QtWidgets import (
 from app.answer import method_name
 from app.client import Health
 from app.controllers.admin import AdminController
+from app.engines import EngineInfo
 from app.passphrase import MIN_LENGTH
 from app.theme import pad_spin_box
 
@@ -79,6 +85,18 @@ def card_frame(title: str) -> tuple[QFrame, QVBoxLayout]:
     return frame, layout
 
 
+def model_cells(model: dict[str, Any]) -> list[str]:
+    """Model, role, context, memory of one ``/v1/models`` entry (ours, vLLM's, llama.cpp's)."""
+    info = model.get("anve") or {}
+    meta = model.get("meta")
+    meta = meta if isinstance(meta, dict) else {}
+    role = str(info.get("role") or f"served by {model.get('owned_by') or 'the server'}")
+    context = info.get("max_context") or model.get("max_model_len") or meta.get("n_ctx_train")
+    memory = info.get("memory_bytes") or meta.get("size")
+    return [str(model.get("id")), role, f"{int(context):,}" if context else "–",
+            megabytes(int(memory)) if memory else "–"]
+
+
 class AdminPage(QWidget):
     def __init__(self, controller: AdminController, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -102,6 +120,9 @@ class AdminPage(QWidget):
         controller.client.speculation_received.connect(self.show_setting)
         controller.client.speculation_failed.connect(self._apply_failed)
         controller.client.models_received.connect(self.show_models)
+        controller.server_loaded.connect(self.server_url.setText)
+        controller.server_refused.connect(lambda why: self._server_status(why, "Error"))
+        controller.server_chosen.connect(self._server_chosen)
 
     # --- the gate ---------------------------------------------------------------------------
 
@@ -181,7 +202,7 @@ class AdminPage(QWidget):
         column = QVBoxLayout(holder)
         column.setContentsMargins(0, 0, 0, 0)
         column.setSpacing(16)
-        for card in (self._speculation_card(), self._worker_card()):
+        for card in (self._speculation_card(), self._worker_card(), self._server_card()):
             card.setMaximumWidth(760)
             column.addWidget(card)
         column.addStretch(1)
@@ -208,14 +229,25 @@ class AdminPage(QWidget):
         apply.clicked.connect(self.apply)
         lock = QPushButton("Lock")
         lock.clicked.connect(self.controller.lock)
+        self.apply_button = apply
         self.apply_status = QLabel("")
         self.apply_status.setWordWrap(True)
+        self.foreign_note = QLabel("")
+        self.foreign_note.setObjectName("Muted")
+        self.foreign_note.setWordWrap(True)
+        self.foreign_note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.foreign_note.hide()
         buttons = QHBoxLayout()
         buttons.addWidget(lock)
         buttons.addStretch()
         buttons.addWidget(apply)
-        layout.addWidget(self.enabled)
-        layout.addLayout(form)
+        self.spec_form = QWidget()  # hidden on a foreign engine: its setting is not ours
+        form_column = QVBoxLayout(self.spec_form)
+        form_column.setContentsMargins(0, 0, 0, 0)
+        form_column.addWidget(self.enabled)
+        form_column.addLayout(form)
+        layout.addWidget(self.foreign_note)
+        layout.addWidget(self.spec_form)
         layout.addWidget(self.apply_status)
         layout.addLayout(buttons)
         return frame
@@ -245,8 +277,14 @@ class AdminPage(QWidget):
         self.address.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.state = QLabel("–")
         self.state.setWordWrap(True)
+        self.engine = QLabel("–")
+        self.engine.setWordWrap(True)
+        self.engine_speculation = QLabel("–")
+        self.engine_speculation.setWordWrap(True)
         form = QFormLayout()
         form.addRow("Address", self.address)
+        form.addRow("Engine", self.engine)
+        form.addRow("Speculation", self.engine_speculation)
         form.addRow("State", self.state)
         self.models = QTableWidget(0, 4)
         self.models.setHorizontalHeaderLabels(["Model", "Role", "Context", "Memory"])
@@ -264,6 +302,57 @@ class AdminPage(QWidget):
         layout.addWidget(self.models)
         self._fit_table()
         return frame
+
+    def _server_card(self) -> QWidget:
+        frame, layout = card_frame("Server")
+        note = QLabel("Attach this desktop to a model server in the office: an ANVE worker, "
+                      "vLLM, llama.cpp's llama-server or any OpenAI-compatible server. The "
+                      "choice is remembered.")
+        note.setObjectName("Muted")
+        note.setWordWrap(True)
+        self.server_url = QLineEdit()
+        self.server_url.setPlaceholderText("http://gpu-server:8000")
+        self.server_token = QLineEdit()
+        self.server_token.setEchoMode(QLineEdit.EchoMode.Password)
+        self.server_token.setPlaceholderText("Access token (if the server needs one)")
+        form = QFormLayout()
+        form.addRow("Address", self.server_url)
+        form.addRow("Token", self.server_token)
+        self.connect_button = QPushButton("Connect")
+        self.connect_button.setObjectName("Primary")
+        self.connect_button.clicked.connect(self.connect_server)
+        self.server_url.returnPressed.connect(self.connect_server)
+        self.local_button = QPushButton("Use the local worker")
+        self.local_button.clicked.connect(lambda: self.controller.use_local_worker())
+        self.server_status = QLabel("")
+        self.server_status.setWordWrap(True)
+        self.server_status.hide()
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.local_button)
+        buttons.addStretch()
+        buttons.addWidget(self.connect_button)
+        layout.addWidget(note)
+        layout.addLayout(form)
+        layout.addWidget(self.server_status)
+        layout.addLayout(buttons)
+        return frame
+
+    def connect_server(self) -> None:
+        self.controller.choose_server(self.server_url.text(), self.server_token.text())
+
+    def _server_chosen(self, url: object, _token: object) -> None:
+        if url is None:
+            self.server_url.clear()
+            self._server_status("Starting the local worker…", "")
+        else:
+            self._server_status(f"Connecting to {url}…", "")
+        self.server_token.clear()
+
+    def _server_status(self, text: str, kind: str) -> None:
+        self.server_status.setObjectName(kind)
+        self.server_status.setText(text)
+        self.server_status.setVisible(bool(text))
+        self.server_status.style().polish(self.server_status)
 
     def _fit_table(self) -> None:
         rows = max(1, self.models.rowCount())
@@ -327,9 +416,7 @@ class AdminPage(QWidget):
     def show_models(self, models: list[dict[str, Any]]) -> None:
         self.models.setRowCount(len(models))
         for row, model in enumerate(models):
-            info = model.get("anve") or {}
-            cells = [str(model.get("id")), str(info.get("role", "")),
-                     f"{info.get('max_context', 0):,}", megabytes(int(info.get("memory_bytes", 0)))]
+            cells = model_cells(model)
             for column, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 if column >= 2:
@@ -340,3 +427,34 @@ class AdminPage(QWidget):
     def show_health(self, health: Health) -> None:
         self.address.setText(health.url or "–")
         self.state.setText(health.state if health.ready else health.blocked_reason() or "–")
+        self.show_engine(health.engine)
+        if health.state in ("refused", "incompatible", "unreachable"):
+            self._server_status(health.blocked_reason() or health.message, "Error")
+        elif health.ready:
+            where = health.engine.name if health.engine else "the worker"
+            self._server_status(f"Connected to {where} at {health.url}." if health.url else "",
+                                "Ok")
+
+    def show_engine(self, engine: EngineInfo | None) -> None:
+        """Name the engine; on a foreign one, make the speculation controls read-only."""
+        foreign = engine is not None and engine.foreign
+        self.engine.setText(engine.name if engine else "–")
+        if engine is None:
+            speculation = "–"
+        elif foreign:
+            speculation = engine.speculation or "not known"
+        else:
+            speculation = "the setting above"
+        self.engine_speculation.setText(speculation)
+        for control in (self.enabled, self.method, self.adaptive, self.fixed, self.length,
+                        self.threshold, self.apply_button):
+            control.setEnabled(not foreign)
+        if foreign and engine is not None:
+            self.foreign_note.setText(f"{engine.name}: {engine.speculation}. "
+                                      f"{engine.configured_where}")
+        elif not foreign and self.setting:
+            self.length.setEnabled(self.fixed.isChecked())
+            self.adaptive.setEnabled(bool(self.setting.get("adaptive_available")))
+        self.foreign_note.setVisible(foreign)
+        self.spec_form.setVisible(not foreign)
+        self.apply_button.setVisible(not foreign)

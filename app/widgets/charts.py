@@ -126,19 +126,25 @@ class TrendChart(QWidget):
             painter.drawEllipse(dot, 2.5, 2.5)
 
 
+EMPTY_BARS = "No drafts accepted yet"
+
+
 class PositionBars(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.rates: list[float] = []
+        self.empty_text = EMPTY_BARS
         self.setMinimumHeight(110)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
     def sizeHint(self) -> QSize:  # noqa: N802
         return QSize(240, 110)
 
-    def set_rates(self, rates: list[float]) -> None:
-        if rates != self.rates:
-            self.rates = list(rates)
+    def set_rates(self, rates: list[float], empty_text: str = "") -> None:
+        """Bars per draft position; with none, ``empty_text`` (default: none accepted yet)."""
+        empty_text = empty_text or EMPTY_BARS
+        if rates != self.rates or empty_text != self.empty_text:
+            self.rates, self.empty_text = list(rates), empty_text
             self.update()
 
     def paintEvent(self, event: object) -> None:  # noqa: N802
@@ -151,7 +157,8 @@ class PositionBars(QWidget):
         painter.drawLine(plot.bottomLeft(), plot.bottomRight())
         if not self.rates:
             painter.setPen(QColor(c.muted))
-            painter.drawText(plot, Qt.AlignmentFlag.AlignCenter, "No drafts accepted yet")
+            painter.drawText(plot, Qt.AlignmentFlag.AlignCenter | Qt.TextFlag.TextWordWrap,
+                             self.empty_text)
             return
         count = max(len(self.rates), 4)
         slot = plot.width() / count

@@ -5,7 +5,11 @@ Contract: the panel only shows what it is given: the worker's setting
 worker switched speculation off), the streaming answer's live numbers
 (:meth:`show_live`, at most four times a second) and each finished answer
 (:meth:`show_final`). The trend chart
-reads the :class:`RecentAnswersModel` it is built with.
+reads the :class:`RecentAnswersModel` it is built with. On a foreign engine (vLLM,
+llama.cpp, another OpenAI-compatible server) the pill names it and what it says of its
+speculation; a figure the server does not report reads "n/a" with "not reported" under
+it, never a zero, and a note line names those figures and what the others mean there
+(e.g. "shared server: figures include other users' requests").
 """
 
 from typing import Any
@@ -23,6 +27,7 @@ from PySide6.QtWidgets import (
 
 from app.answer import AnswerStats, method_name
 from app.client import Health
+from app.engines import ACCEPTANCE, ENGINE_NAMES, PER_POSITION, TOKENS_PER_PASS, EngineInfo
 from app.models.answers import RecentAnswersModel
 from app.theme import colors
 from app.widgets.charts import PositionBars, TrendChart
@@ -31,6 +36,7 @@ from app.widgets.icons import set_icon
 WIDTH, COLLAPSED_WIDTH = 300, 48
 LIVE_MS = 250
 DASH = "–"
+NOT_REPORTED = "n/a"
 
 
 def _fmt(value: float | None, pattern: str) -> str:
@@ -44,16 +50,23 @@ class Stat(QWidget):
         super().__init__()
         self.value = QLabel(DASH)
         self.value.setObjectName("StatValue")
-        label = QLabel(caption)
-        label.setObjectName("StatLabel")
+        self.caption = caption
+        self.label = QLabel(caption)
+        self.label.setObjectName("StatLabel")
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(0)
         layout.addWidget(self.value)
-        layout.addWidget(label)
+        layout.addWidget(self.label)
 
     def set(self, text: str) -> None:
         self.value.setText(text)
+        self.setToolTip("")
+
+    def set_missing(self, why: str) -> None:
+        """No figure here (the panel's note line says why): "n/a", never a number."""
+        self.value.setText(NOT_REPORTED)
+        self.setToolTip(why)
 
 
 def card(title: str, body: QWidget, caption: str = "") -> QFrame:
@@ -120,6 +133,11 @@ class SpeculationPanel(QFrame):
         layout.addLayout(pill_row)
         layout.addWidget(self.method)
         layout.addLayout(self._numbers())
+        self.notes = QLabel("")
+        self.notes.setObjectName("Muted")
+        self.notes.setWordWrap(True)
+        self.notes.hide()
+        layout.addWidget(self.notes)
         self.trend = TrendChart(answers)
         legend = QLabel(f'<span style="color:{colors().chart_a}">●</span> tokens/s &nbsp; '
                         f'<span style="color:{colors().chart_b}">●</span> acceptance')
@@ -162,9 +180,17 @@ class SpeculationPanel(QFrame):
         self.health = health
         self._show_state()
         where = health.url or "no address yet"
-        self.worker.setText(f"Worker: {where} · {health.state}")
+        engine = health.engine
+        if engine is not None and engine.foreign:
+            self.worker.setText(f"Server: {where} · {engine.name} · {health.state}")
+        else:
+            self.worker.setText(f"Worker: {where} · {health.state}")
 
     def _show_state(self) -> None:
+        engine = self.health.engine
+        if engine is not None and engine.foreign:
+            self._show_foreign_state()
+            return
         enabled = bool(self.setting.get("enabled", False))
         if not self.setting:
             text, kind = "Waiting for the worker", "off"
@@ -181,6 +207,20 @@ class SpeculationPanel(QFrame):
         drafts = "adaptive draft length" if k == "adaptive" else f"{k} draft tokens"
         method = self.setting.get("method")
         self.method.setText(f"Method: {method_name(method)} · {drafts}" if method else DASH)
+
+    def _show_foreign_state(self) -> None:
+        engine = self.health.engine
+        assert engine is not None
+        kind = "on" if engine.speculative else "off"
+        text = ENGINE_NAMES.get(engine.kind, engine.kind)
+        if engine.speculative is True:
+            text = f"{text} · speculation on"
+        elif engine.speculative is False:
+            text = f"{text} · speculation off"
+        self.pill.setText(text)
+        self.pill.setProperty("kind", kind)
+        self.pill.style().polish(self.pill)
+        self.method.setText(f"Speculation: {engine.speculation} (set on the server)")
 
     def show_live(self, stats: AnswerStats) -> None:
         """Numbers of the answer streaming now (the app's own count), shown at most every
@@ -201,7 +241,33 @@ class SpeculationPanel(QFrame):
         self._live_timer.stop()
         self._show_numbers(stats)
         self.acceptance.set(_fmt(stats.acceptance_rate, "{:.0%}"))
+        self._show_unreported(stats)
         self.trend.set_live(None)
+
+    def _show_unreported(self, stats: AnswerStats) -> None:
+        """Say which figures the server does not report (or, for a server that reports
+        them, which are missing for this answer), and what the others mean there."""
+        engine = ENGINE_NAMES.get(stats.engine, stats.engine)
+        reported = EngineInfo(stats.engine).reported if stats.engine in ENGINE_NAMES else ()
+        never = [f for f in stats.unreported if f not in reported]
+        missing = [f for f in stats.unreported if f in reported]
+        for figure, stat in ((ACCEPTANCE, self.acceptance),
+                             (TOKENS_PER_PASS, self.mean_length)):
+            if figure in never:
+                stat.set_missing(f"{engine} does not report the {figure}")
+            elif figure in missing:
+                stat.set_missing("; ".join(stats.notes))
+        lines = []
+        if never:
+            lines.append(f"Not reported by {engine}: {', '.join(never)}.")
+        if missing:
+            lines.append(f"No {', '.join(missing)} for this answer.")
+        lines += [f"• {note}" for note in stats.notes]
+        if PER_POSITION in stats.unreported:
+            self.bars.set_rates([], "not reported by this server" if PER_POSITION in never
+                                else "none for this answer")
+        self.notes.setText("\n".join(lines))
+        self.notes.setVisible(bool(lines))
 
     def _show_numbers(self, stats: AnswerStats) -> None:
         self.speed.set(_fmt(stats.tokens_per_second, "{:.1f}"))
@@ -214,6 +280,7 @@ class SpeculationPanel(QFrame):
     def begin_answer(self) -> None:
         self.acceptance.set("…")
         self.bars.set_rates([])
+        self.notes.hide()
 
     def set_collapsed(self, collapsed: bool) -> None:
         self.collapsed = collapsed
