@@ -14,6 +14,13 @@ ids equal plain decoding's, and peak RSS. Also the verification cost ``t(k)/t(1)
 of a target forward over ``k`` tokens with a warm cache, and the memory-bandwidth
 ceiling (copy bandwidth / bytes of weights read per token). ``--quick`` uses the
 light profile and four prompts. Results go to a JSON file and a Markdown table.
+
+Every row runs on the same loaded models, so the peers' rows use our fast linear
+layers too (``--accel``, default ``auto``: the GGUF's int4 codes) and the comparison
+is between decoding algorithms on the same weights. ``--accel off`` measures the
+stock transformers layers. The fixed draft length defaults to what one cheap
+verification holds on the loaded kernels (3 on int4, else 4); transformers' prompt
+lookup gets the same length.
 """
 
 import argparse
@@ -33,8 +40,9 @@ from typing import Any
 import psutil
 import torch
 
+from engine.accelerate import model_bytes
 from engine.drafters.suffix import SuffixDrafter
-from engine.protocol import Completion
+from engine.protocol import ACCELERATIONS, Completion
 from engine.registry import PROFILES
 from engine.runner import ModelRunner
 from engine.session import ADAPTIVE, ChatEngine, DraftLength
@@ -112,14 +120,14 @@ def run_ours(engine: ChatEngine, ids: list[int], kind: str, method: str, k: Draf
 
 
 def run_transformers(engine: ChatEngine, ids: list[int], kind: str, mode: str,
-                     max_tokens: int) -> Run:
+                     max_tokens: int, k: int) -> Run:
     """transformers' generate() with its own assisted generation or prompt lookup."""
     model = engine.target.model
     calls = [0]
     hook = model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     extra: dict[str, Any] = (
         {"assistant_model": engine.draft.model} if mode == "assisted" and engine.draft
-        else {"prompt_lookup_num_tokens": 10}
+        else {"prompt_lookup_num_tokens": k}
     )
     x = torch.tensor([ids])
     start = time.perf_counter()
@@ -139,7 +147,7 @@ def run_transformers(engine: ChatEngine, ids: list[int], kind: str, mode: str,
     return Run(kind, tokens, seconds, passes=calls[0])
 
 
-def verification_costs(engine: ChatEngine, ks: tuple[int, ...] = (1, 2, 4, 8),
+def verification_costs(engine: ChatEngine, ks: tuple[int, ...] = (1, 2, 3, 4, 5, 8),
                        reps: int = 5) -> dict[int, float]:
     """Median seconds of one target forward over k new tokens after a warm 128-token cache."""
     runner = ModelRunner(engine.target.model)
@@ -170,10 +178,14 @@ def copy_bandwidth(megabytes: int = 256) -> float:
 
 
 def weight_bytes_per_token(model: Any) -> int:
-    """Bytes of weights one decoding step reads (the input embedding is a row gather)."""
+    """Bytes of weights one decoding step reads (the input embedding is a row gather).
+
+    Quantized layers hold their weights as buffers, so buffers count too; a quantized
+    output layer no longer shares the embedding's storage, which is then not read.
+    """
     embedding = model.get_input_embeddings().weight
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
     tied = model.get_output_embeddings().weight.data_ptr() == embedding.data_ptr()
+    total = model_bytes(model)
     return total if tied else total - embedding.numel() * embedding.element_size()
 
 
@@ -210,7 +222,8 @@ def markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
         f"Benchmark {meta['date']} · {meta['machine']} · target {meta['target']}"
         + (f" + draft {meta['draft']}" if meta["draft"] else "")
-        + f" · {meta['prompts']} prompts · ≤{meta['max_tokens']} new tokens · greedy",
+        + f" · {meta['prompts']} prompts · ≤{meta['max_tokens']} new tokens · greedy"
+        + f" · linear layers {meta['accel']}",
         "",
         "| row | tok/s | speedup | acceptance | tokens/pass | identical | peak RSS |",
         "| --- | ---: | ---: | ---: | ---: | :---: | ---: |",
@@ -247,10 +260,10 @@ def row_specs(engine: ChatEngine, k: int, max_tokens: int) -> list[RowSpec]:
         return lambda e, ids, kind: run_ours(e, ids, kind, method, length, max_tokens)
 
     def peer(mode: str) -> Callable[[ChatEngine, list[int], str], Run]:
-        return lambda e, ids, kind: run_transformers(e, ids, kind, mode, max_tokens)
+        return lambda e, ids, kind: run_transformers(e, ids, kind, mode, max_tokens, k)
 
     specs: list[RowSpec] = [("plain (ours)", ours("off", k))]
-    for method in ("draft", "ngram", "suffix"):
+    for method in ("draft", "ngram", "suffix", "eagle"):
         if method in engine.methods:
             specs += [(f"{method} k={k}", ours(method, k)),
                       (f"{method} adaptive", ours(method, ADAPTIVE))]
@@ -298,9 +311,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile", choices=sorted(PROFILES), default=None)
     parser.add_argument("--per-kind", type=int, default=None, help="prompts per kind (max 4)")
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--k", type=int, default=4, help="fixed draft length of the fixed rows")
+    parser.add_argument("--k", type=int, default=None,
+                        help="fixed draft length of the fixed rows (default: 3 on int4, else 4)")
     parser.add_argument("--rows", default="", help="comma-separated substrings: run only these")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--accel", default="auto", choices=ACCELERATIONS,
+                        help="linear-layer kernels of every row (default auto)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument("--data-dir", default=None)
     return parser.parse_args(argv)
@@ -312,8 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     profile = args.profile or ("light" if args.quick else "appliance")
     per_kind = args.per_kind or (1 if args.quick else 4)
     target, draft = PROFILES[profile]
-    engine = ChatEngine.load(target, draft, dtype=args.dtype, data_dir=args.data_dir)
-    specs = row_specs(engine, args.k, args.max_tokens)
+    engine = ChatEngine.load(target, draft, dtype=args.dtype, data_dir=args.data_dir,
+                             accel=args.accel)
+    k = args.k or min(4, engine.max_adaptive)
+    specs = row_specs(engine, k, args.max_tokens)
     wanted = [w for w in args.rows.split(",") if w]
     specs = [s for i, s in enumerate(specs)
              if i == 0 or not wanted or any(w in s[0] for w in wanted)]
@@ -327,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(), "profile": profile,
         "target": target, "draft": draft, "dtype": args.dtype, "prompts": len(prompts),
+        "accel": engine.target.accel, "fixed_k": k,
         "max_tokens": args.max_tokens, "verify_cost_s": costs, "copy_gb_s": bandwidth / 1e9,
         "weight_gb": weights / 1e9, "ceiling_tps": bandwidth / weights,
         "plain_pct_of_ceiling": 100 * plain_tps / (bandwidth / weights),

@@ -1,0 +1,79 @@
+"""The benchmark's pure parts and one tiny end-to-end run (no timing assertions)."""
+
+import torch
+
+from engine import bench
+from engine.accelerate import model_bytes
+from engine.bench import KINDS, PROMPTS, Row, Run
+from engine.fastlinear import Int8Linear
+from engine.session import ChatEngine
+from tests.tiny import tiny_loaded
+
+
+def test_shipped_prompts_cover_four_kinds_evenly() -> None:
+    every = bench.load_prompts(PROMPTS, per_kind=100)
+    assert len(every) >= 16
+    assert all(sum(p["kind"] == k for p in every) >= 4 for k in KINDS)
+    quick = bench.load_prompts(PROMPTS, per_kind=1)
+    assert [p["kind"] for p in quick] == list(KINDS)
+
+
+def test_summary_is_total_tokens_over_total_time_per_kind_and_overall() -> None:
+    plain = Row("plain", [Run("code editing", [1, 2, 3, 4], 2.0),
+                          Run("free chat", [5, 6], 2.0)])
+    spec = Row("ngram", [Run("code editing", [1, 2, 3, 4], 1.0, passes=2, drafted=4, accepted=2),
+                         Run("free chat", [5, 7], 2.0, passes=2, drafted=0, accepted=0)])
+    table = {(r["row"], r["kind"]): r for r in bench.summarise([plain, spec], KINDS)}
+    assert set(table) == {(n, k) for n in ("plain", "ngram")
+                          for k in ("code editing", "free chat", "overall")}
+    overall = table[("ngram", "overall")]
+    assert overall["tokens_per_s"] == 6 / 3.0
+    assert overall["speedup"] == (6 / 3.0) / (6 / 4.0)
+    assert overall["acceptance_rate"] == 0.5 and overall["tokens_per_pass"] == 6 / 4
+    assert overall["identical"] == "1/2"  # the free-chat answer differs from plain
+    assert table[("ngram", "free chat")]["acceptance_rate"] is None
+    assert table[("plain", "overall")]["tokens_per_pass"] is None
+
+
+def test_markdown_reports_rows_kinds_costs_and_ceiling() -> None:
+    rows = [Row("plain (ours)", [Run("summary", [1, 2], 1.0, passes=2, drafted=0, accepted=0)])]
+    meta = {"date": "2026-11-29 21:00", "machine": "test cpu", "target": "t", "draft": None,
+            "prompts": 1, "max_tokens": 8, "accel": "int4+int8",
+            "verify_cost_s": {1: 0.1, 4: 0.13}, "copy_gb_s": 10.0, "weight_gb": 1.0,
+            "ceiling_tps": 10.0, "plain_pct_of_ceiling": 20.0}
+    text = bench.markdown(bench.summarise(rows, KINDS), meta)
+    assert "| plain (ours) | 2.00 | 1.00× |" in text
+    assert "k=4: 1.30" in text and "(t(1) = 100 ms)" in text
+    assert "linear layers int4+int8" in text and "20 %" in text
+
+
+def test_weight_bytes_count_quantized_buffers_and_skip_an_untied_embedding() -> None:
+    model = tiny_loaded(dtype=torch.float32).model
+    embedding = model.get_input_embeddings().weight
+    dense = bench.weight_bytes_per_token(model)
+    every = model_bytes(model)  # parameters and buffers (the rotary table too)
+    assert dense == every - embedding.numel() * embedding.element_size()
+    head = model.lm_head
+    model.lm_head = Int8Linear.from_weight(head.weight)
+    int8 = bench.weight_bytes_per_token(model)
+    saved = head.weight.numel() * 4 - (head.weight.numel() + head.out_features * 2)
+    assert int8 == dense - saved
+
+
+def test_tiny_run_fills_every_row_and_greedy_rows_match_plain() -> None:
+    engine = ChatEngine(tiny_loaded(seed=1, scale=8.0), tiny_loaded(seed=1, scale=8.0))
+    prompts = [{"kind": "code editing", "prompt": "abc abc abc abc"},
+               {"kind": "free chat", "prompt": "hello there"}]
+    specs = bench.row_specs(engine, 2, 12)
+    names = [name for name, _ in specs]
+    assert names[0] == "plain (ours)" and "draft k=2" in names and "suffix adaptive" in names
+    assert "transformers assisted (draft model)" in names and "transformers prompt lookup" in names
+    rows = bench.run_rows(engine, specs, prompts)
+    plain = rows[0].runs
+    for row in rows:
+        assert len(row.runs) == 2 and row.peak_rss > 0
+        for run, base in zip(row.runs, plain, strict=True):
+            assert run.tokens == base.tokens, row.name
+            assert run.seconds > 0 and run.passes
+    draft = next(r for r in rows if r.name == "draft k=2")
+    assert sum(r.accepted or 0 for r in draft.runs) > 0  # the draft is the target itself
