@@ -145,9 +145,9 @@ def refusal(reply: Reply | None) -> Problem | None:
     if reply is None or reply.status not in (401, 403):
         return None
     detail = ""
-    if isinstance(reply.body, dict):
-        error = reply.body.get("error")
-        detail = str(error.get("message", "")) if isinstance(error, dict) else str(error or "")
+    if isinstance(reply.body, dict):  # OpenAI's, vLLM's and FastAPI's error shapes
+        error = reply.body.get("error") or reply.body.get("detail") or ""
+        detail = str(error.get("message", "")) if isinstance(error, dict) else str(error)
     why = "wrong or missing access token" if reply.status == 401 else "access denied"
     text = f"the server refused the access token (HTTP {reply.status}: {detail or why})"
     return Problem("refused", text)

@@ -242,7 +242,7 @@ class LlamaCppServer:
     def __enter__(self) -> "LlamaCppServer":
         command = [sys.executable, "-m", "llama_cpp.server", "--model", str(self.model),
                    "--host", "127.0.0.1", "--port", str(self.port), "--api_key", self.api_key,
-                   "--n_ctx", "2048", "--n_threads", "2", "--verbose", "False"]
+                   "--n_ctx", "2048", "--n_threads", "2"]
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         return self

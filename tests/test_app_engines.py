@@ -297,6 +297,9 @@ def test_detection_refuses_wrong_tokens_and_servers_that_are_not_openai() -> Non
     vllm_key = detect(Probes(health=Reply(200, None), models=Reply(401, {"error": "Unauthorized"})))
     assert isinstance(vllm_key, Problem) and vllm_key.state == "refused"
     assert "Unauthorized" in vllm_key.message
+    fastapi = detect(Probes(health=Reply(404, {"detail": "Not Found"}),
+                            models=Reply(401, {"detail": "Invalid API key"})))
+    assert isinstance(fastapi, Problem) and "HTTP 401: Invalid API key" in fastapi.message
     html = detect(Probes(health=Reply(404, None), models=Reply(404, None)))
     assert isinstance(html, Problem) and html.state == "incompatible"
     assert "not an OpenAI-compatible server" in html.message and "HTTP 404" in html.message

@@ -214,6 +214,24 @@ def test_vllm_counters_fill_the_panel_and_its_speculation_is_read_only(
         finish(qtbot, vllm.stop())
 
 
+def test_the_server_saved_in_admin_is_used_at_the_next_start(
+    loop: qasync.QEventLoop, qtbot: QtBot, tmp_path: Path
+) -> None:
+    vllm = VllmLike(api_key="vllm-key")
+    url = finish(qtbot, vllm.start())
+    Store.open(tmp_path / DATABASE_NAME).set_setting("worker", {"url": url, "token": "vllm-key"})
+    app = open_app(qtbot, tmp_path, command=WorkerCommand("light", ("--no-such-option",)))
+    try:  # the launcher must never run: its worker would fail on that option
+        qtbot.waitUntil(lambda: app.client.health.ready, timeout=WAIT_MS)
+        engine = app.client.health.engine
+        assert engine is not None and engine.kind == VLLM and app.launcher is None
+        assert app.client.health.url == url
+        assert app.window.admin_page.server_url.text() == url
+    finally:
+        finish(qtbot, app.shutdown())
+        finish(qtbot, vllm.stop())
+
+
 # --- servers that cannot be used, and back to the local worker ------------------------------------
 
 
