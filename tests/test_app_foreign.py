@@ -182,6 +182,7 @@ def test_vllm_counters_fill_the_panel_and_its_speculation_is_read_only(
                                                 page.length, page.apply_button))
         assert not page.spec_form.isVisibleTo(page) and not page.apply_button.isVisibleTo(page)
         assert page.connect_button.isEnabled() and page.local_button.isEnabled()
+        assert "needs an ANVE worker" in (app.window.demo_page.blocked or "")
 
         ask(app, qtbot, "Explain speculation.")  # alone on the server
         assert panel.acceptance.value.text() == "60%"  # 18 of 30 drafted tokens

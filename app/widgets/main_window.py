@@ -107,6 +107,11 @@ class MainWindow(QMainWindow):
                                  if self.demo_controller.busy else None)
         demo_reason = reason or ("An answer is being written in the chat; the demo waits for "
                                  "it." if self.chat.busy else None)
+        engine = self.health.engine
+        if engine is not None and engine.foreign:
+            demo_reason = (f"The speed demo switches ANVE's speculation off and on for one "
+                           f"prompt; {engine.name} sets its speculation when it is started, "
+                           "so the demo needs an ANVE worker.")
         self.chat_page.set_blocked(chat_reason)
         self.demo_page.set_blocked(demo_reason)
 
