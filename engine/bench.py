@@ -6,7 +6,9 @@ document, free chat; chat template applied, greedy, up to 128 new tokens):
 
 * plain decoding (our loop, no drafter) — the baseline every speedup is against;
 * each of our drafters with a fixed draft length and with the adaptive policy;
-* transformers' ``generate(assistant_model=...)`` and ``generate(prompt_lookup_num_tokens=...)``.
+* transformers' ``generate(assistant_model=...)`` and ``generate(prompt_lookup_num_tokens=...)``;
+* when ``llama-cpp-python`` is installed, llama.cpp on the same GGUF file (plain, and
+  its prompt-lookup drafting), with our token ids as its prompt.
 
 Columns: tokens/s (completion tokens / wall time including the prompt), speedup over
 our plain decoding, acceptance rate, mean tokens per target pass, whether the token
@@ -24,6 +26,7 @@ lookup gets the same length.
 """
 
 import argparse
+import importlib.util
 import json
 import logging
 import os
@@ -145,6 +148,45 @@ def run_transformers(engine: ChatEngine, ids: list[int], kind: str, mode: str,
     while tokens and tokens[-1] in engine.target.eos_ids:
         tokens.pop()
     return Run(kind, tokens, seconds, passes=calls[0])
+
+
+def run_llama_cpp(llm: Any, ids: list[int], kind: str, eos_ids: frozenset[int],
+                  max_tokens: int) -> Run:
+    """llama.cpp's own greedy generation (``temp=0``) on our prompt's token ids."""
+    tokens: list[int] = []
+    start = time.perf_counter()
+    for token in llm.generate(ids, temp=0.0, top_k=1, repeat_penalty=1.0, reset=True):
+        if token in eos_ids:
+            break
+        tokens.append(int(token))
+        if len(tokens) >= max_tokens:
+            break
+    return Run(kind, tokens, time.perf_counter() - start)
+
+
+def llama_cpp_specs(engine: ChatEngine, k: int, max_tokens: int) -> list["RowSpec"]:
+    """llama.cpp rows on the target's GGUF, or none (with the reason logged)."""
+    gguf = engine.target.gguf
+    if importlib.util.find_spec("llama_cpp") is None or gguf is None:
+        log.info("no llama.cpp rows: %s", "llama-cpp-python is not installed"
+                 if gguf else "the target was not loaded from a GGUF file")
+        return []
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    def row(lookup: bool) -> Callable[[ChatEngine, list[int], str], Run]:
+        loaded: list[Any] = []  # the Llama, created on the row's first (warm-up) call
+
+        def run(e: ChatEngine, ids: list[int], kind: str) -> Run:
+            if not loaded:
+                draft = LlamaPromptLookupDecoding(num_pred_tokens=k) if lookup else None
+                loaded.append(Llama(model_path=str(gguf), n_ctx=4096, draft_model=draft,
+                                    n_threads=torch.get_num_threads(), verbose=False))
+            return run_llama_cpp(loaded[0], ids, kind, e.target.eos_ids, max_tokens)
+
+        return run
+
+    return [("llama.cpp plain", row(False)), (f"llama.cpp prompt lookup k={k}", row(True))]
 
 
 def verification_costs(engine: ChatEngine, ks: tuple[int, ...] = (1, 2, 3, 4, 5, 8),
@@ -270,7 +312,7 @@ def row_specs(engine: ChatEngine, k: int, max_tokens: int) -> list[RowSpec]:
     if engine.draft is not None:
         specs.append(("transformers assisted (draft model)", peer("assisted")))
     specs.append(("transformers prompt lookup", peer("lookup")))
-    return specs
+    return specs + llama_cpp_specs(engine, k, max_tokens)
 
 
 def run_rows(engine: ChatEngine, specs: list[RowSpec], prompts: list[dict[str, str]]) -> list[Row]:

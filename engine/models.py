@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -51,6 +52,7 @@ class LoadedModel:
     eos_ids: frozenset[int] = field(default_factory=frozenset)
     accel: str = "off"  # the engine.accelerate mode the linear layers run in
     efficient_rows: int | None = None  # verify at most this many tokens per forward
+    gguf: Path | None = None  # the verified GGUF it was converted from, if any
 
     @property
     def vocab_size(self) -> int:
@@ -126,6 +128,7 @@ def load_prepared(
         prepared.name, model, tokenizer, prepared.sha256, max_context,
         end_of_turn_ids(model, tokenizer), accel=mode,
         efficient_rows=INT4_EFFICIENT_ROWS if report.layers.get("Int4Linear") else None,
+        gguf=prepared.gguf,
     )
 
 
