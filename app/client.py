@@ -95,6 +95,8 @@ class Health:
             return None
         if self.state == "loading":
             return f"Loading the models ({self.progress:.0%}): {self.message}"
+        if self.state == "error" and self.engine is not None and self.engine.foreign:
+            return f"{self.engine.name} at {self.url} answered with an error: {self.message}"
         if self.state == "error":
             return f"The models failed to load: {self.message}"
         if self.state == "unreachable":

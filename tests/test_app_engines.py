@@ -11,7 +11,7 @@ answer's final chunk with ``timings``.
 import pytest
 
 from app.answer import AnswerStats, AnswerStream, footer_text
-from app.client import AnswerRequest, error_message, normalise_url
+from app.client import AnswerRequest, Health, error_message, normalise_url
 from app.engines import (
     ACCEPTANCE,
     ANVE,
@@ -331,3 +331,17 @@ def test_server_addresses_are_normalised(text: str, url: str) -> None:
 def test_bad_server_addresses_are_refused(text: str) -> None:
     with pytest.raises(ValueError, match=r"address|port"):
         normalise_url(text)
+
+
+def test_health_says_why_a_server_cannot_be_used() -> None:
+    url = "http://gpu:8000"
+    refused = Health("refused", message="the server refused the access token (HTTP 401: x)",
+                     url=url).blocked_reason()
+    assert refused is not None and refused.startswith(f"{url} refused the connection")
+    assert "Check the access token" in refused and "local worker in Admin" in refused
+    odd = Health("incompatible", message="this is not an OpenAI-compatible server", url=url)
+    assert f"{url} cannot be used: this is not an OpenAI-compatible server" in str(
+        odd.blocked_reason())
+    failing = Health("error", message="boom (HTTP 500)", url=url, engine=EngineInfo(VLLM))
+    assert failing.blocked_reason() == f"vLLM at {url} answered with an error: boom (HTTP 500)"
+    assert "models failed to load" in str(Health("error", message="x").blocked_reason())

@@ -125,7 +125,8 @@ def test_a_real_llama_cpp_server_streams_and_the_panel_says_what_it_does_not_rep
                 page.foreign_note.text())
             assert app.window.panel.worker.text().startswith(f"Server: {server.url}")
             qtbot.waitUntil(lambda: page.models.rowCount() == 1, timeout=WAIT_MS)
-            assert page.models.item(0, 0).text().endswith(".gguf")
+            cell = page.models.item(0, 0)
+            assert cell is not None and cell.text().endswith(".gguf")
 
             progressed: list[str] = []
             app.client.answer_progressed.connect(lambda _rid, p: progressed.append(p.text))
