@@ -9,6 +9,10 @@ the caller streams, measures or stops by closing the generator.
 
 Cache invariant: before a pass the target's cache holds ``context[:-1]``; the last
 context token is fed at the start of the pass.
+
+A drafter with ``wants_hidden = True`` (EAGLE heads) gets the target's features of
+``context[:-1]`` (``[len(context) - 1, H]``, kept by the runner during the verification
+passes: no extra target forward) through ``observe_hidden`` before each ``propose``.
 """
 
 import threading
@@ -94,6 +98,8 @@ def decode(
     """
     generator = make_generator(params.seed)
     context = list(prompt)
+    wants_hidden = bool(getattr(drafter, "wants_hidden", False))
+    target.keep_hidden(wants_hidden)
     target.sync(context[:-1])
     produced = 0
     while True:
@@ -111,6 +117,8 @@ def decode(
             auto_off = policy is not None and policy.last_off
         draft = EMPTY_DRAFT
         if drafter is not None and k > 0:
+            if wants_hidden:
+                drafter.observe_hidden(target.hidden)  # type: ignore[attr-defined]
             draft = drafter.propose(context, k, params, generator)
         t1 = time.perf_counter()
         logits = target.forward([context[-1], *draft.tokens], rows=len(draft) + 1)  # [G+1, V]

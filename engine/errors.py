@@ -51,3 +51,9 @@ class InsufficientMemoryError(EngineError, MemoryError):
     """The machine has too little free memory to load the requested models."""
 
     code = "insufficient_memory"
+
+
+class HeadFileError(EngineError):
+    """A draft-head file that cannot be read: truncated, corrupt, or not a head at all."""
+
+    code = "invalid_head"

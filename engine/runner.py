@@ -4,6 +4,10 @@ The runner is the only place that calls a model's forward. It keeps a transforme
 ``DynamicCache`` across calls and the list of ids the cache holds, so callers roll
 back by cropping (``truncate``) and reuse a shared prefix (``sync``) instead of ever
 slicing cache tensors by hand. The engine knows only token ids.
+
+With ``keep_hidden(True)`` the runner also keeps, for every cached position, the
+target's final normed hidden state (the feature that feeds ``lm_head``), which EAGLE
+heads draft from; plain decoding leaves it off and pays nothing for it.
 """
 
 from collections.abc import Sequence
@@ -22,6 +26,7 @@ class ModelRunner:
         self.model = model
         self.ids: list[int] = []
         self.cache = DynamicCache(config=model.config)
+        self.hidden: torch.Tensor | None = None  # [len(ids), H] while keeping features
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -40,10 +45,24 @@ class ModelRunner:
         if extra > 0:
             self.cache.crop(-extra)
             del self.ids[length:]
+        if self.hidden is not None:
+            self.hidden = self.hidden[: len(self.ids)]
 
     def reset(self) -> None:
         self.ids = []
         self.cache = DynamicCache(config=self.model.config)
+        if self.hidden is not None:
+            self.hidden = self.hidden[:0]
+
+    def keep_hidden(self, keep: bool) -> None:
+        """Start or stop keeping features; positions cached without one are dropped."""
+        if not keep:
+            self.hidden = None
+            return
+        if self.hidden is None:
+            self.truncate(0)
+            size = int(self.model.config.hidden_size)
+            self.hidden = torch.empty(0, size, dtype=self.model.dtype)
 
     @torch.inference_mode()
     def forward(self, new_ids: Sequence[int], rows: int = 1) -> torch.Tensor:
@@ -52,8 +71,14 @@ class ModelRunner:
         Returns: ``[rows, V]`` float logits.
         """
         x = torch.tensor([list(new_ids)], dtype=torch.long)  # [1, T]
-        out = self.model(input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=rows)
+        keep = self.hidden is not None
+        out = self.model(
+            input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=rows,
+            output_hidden_states=keep,
+        )
         self.ids.extend(int(t) for t in new_ids)
+        if self.hidden is not None:
+            self.hidden = torch.cat([self.hidden, out.hidden_states[-1][0]])  # [len(ids), H]
         return out.logits[0]  # [rows, V]
 
     def sync(self, ids: Sequence[int]) -> torch.Tensor | None:

@@ -13,12 +13,14 @@ import os
 import threading
 import time
 from collections.abc import Generator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 from engine.decoding import StatsRecorder, decode
 from engine.detokenize import IncrementalDetokenizer
 from engine.drafters import Drafter
 from engine.drafters.draft_model import DraftModelDrafter
+from engine.drafters.eagle import eagle_for
 from engine.drafters.ngram import NgramDrafter
 from engine.drafters.suffix import SuffixDrafter
 from engine.errors import BadRequestError, PromptTooLongError
@@ -109,6 +111,7 @@ class ChatEngine:
         method: str | None = None,
         num_draft_tokens: DraftLength = ADAPTIVE,
         corpus: Sequence[str] = (),
+        head: str | os.PathLike[str] | None = None,
     ) -> None:
         self.target = target
         self.draft = draft
@@ -120,6 +123,9 @@ class ChatEngine:
         }
         if draft is not None:
             self.drafters["draft"] = DraftModelDrafter(draft, target.vocab_size)
+        eagle = eagle_for(target, None if head is None else Path(head))
+        if eagle is not None:
+            self.drafters["eagle"] = eagle
         self.policies: dict[str, DraftPolicy] = {}
         self.method = self.check_method(method or ("draft" if draft is not None else "ngram"))
         self.num_draft_tokens = self.check_num_draft_tokens(num_draft_tokens)
@@ -250,6 +256,8 @@ class ChatEngine:
     ) -> Generator[Event, None, None]:
         adaptive = k == ADAPTIVE and method != "off"
         recorder = StatsRecorder(method, method != "off", len(prompt), adaptive=adaptive)
+        drafter = self.drafters.get(method)
+        self.runner.keep_hidden(bool(getattr(drafter, "wants_hidden", False)))
         self.runner.sync(prompt[:-1])
         recorder.prefill_s = time.perf_counter() - recorder.started
         detok = IncrementalDetokenizer(self.target.tokenizer)

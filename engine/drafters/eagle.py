@@ -1,0 +1,135 @@
+"""Drafting with an EAGLE head (Li et al. 2024) on the target's own features.
+
+The head reads the target's final normed hidden state ``f_i`` (kept by the runner
+during verification: no extra target forward) and the embedding of the token that
+followed it, predicts the next feature, and the target's own ``lm_head`` module turns
+that into logits. The head keeps its own KV cache with one entry per context position
+whose target feature is known; each ``propose`` crops it to the prefix still shared
+with the context, feeds the new positions, then drafts up to ``k`` tokens by feeding
+its own predicted features, and finally crops those draft entries away again (they are
+replaced by the target's real features after verification). Greedy drafts are the
+argmax (``probs=None``); sampled drafts return the distributions ``q`` they came from,
+processed like the target's, so acceptance stays lossless. Drafting stops early after
+a token the head gave less than ``min_confidence``.
+"""
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.drafters import EMPTY_DRAFT, Draft
+from engine.errors import EngineError
+from engine.heads.files import find_head, load_head
+from engine.heads.model import EagleHead
+from engine.models import LoadedModel
+from engine.sampling import SamplingParams, probabilities, sample
+
+log = logging.getLogger(__name__)
+
+
+class EagleDrafter:
+    """Proposes tokens with a trained head over the target's features."""
+
+    name = "eagle"
+    wants_hidden = True
+
+    def __init__(self, head: EagleHead, target: Any, min_confidence: float = 0.3) -> None:
+        self.head = head.eval()
+        self.lm_head = target.get_output_embeddings()  # called as a module, never read
+        self.embed = target.get_input_embeddings()
+        self.min_confidence = min_confidence
+        self.features: torch.Tensor | None = None  # [len(context) - 1, H] from the target
+        self.cache = head.new_cache()
+        self.covered: list[int] = []  # context prefix behind the cached entries (entries + 1)
+
+    def observe_hidden(self, features: torch.Tensor | None) -> None:
+        """The target's features of ``context[:-1]`` (``[len(context) - 1, H]``)."""
+        self.features = features
+
+    def observe(self, context: Sequence[int], proposed: int, accepted: int) -> None:
+        del context, proposed, accepted  # the head cache is re-synced by prefix
+
+    def reset(self) -> None:
+        self.cache = self.head.new_cache()
+        self.covered = []
+
+    def _entries(self) -> int:
+        return max(0, len(self.covered) - 1)
+
+    def _crop(self, entries: int) -> None:
+        extra = self.cache.get_seq_length() - entries
+        if extra > 0:
+            self.cache.crop(-extra)
+        self.covered = self.covered[: entries + 1] if entries else []
+
+    def _shared_entries(self, context: Sequence[int]) -> int:
+        n = min(len(self.covered), len(context))
+        same = next((i for i in range(n) if self.covered[i] != context[i]), n)
+        return max(0, same - 1)
+
+    def _step(self, features: torch.Tensor, ids: Sequence[int]) -> torch.Tensor:
+        """Feed entries ``(features [T, H], ids [T])``; return the last predicted feature."""
+        embeds = self.embed(torch.tensor([list(ids)], dtype=torch.long))  # [1, T, H]
+        dtype = next(self.head.parameters()).dtype
+        out = self.head(features.unsqueeze(0).to(dtype), embeds.to(dtype), self.cache)
+        return out[0, -1:].to(features.dtype)  # [1, H]
+
+    @torch.inference_mode()
+    def propose(
+        self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator
+    ) -> Draft:
+        real = len(context) - 1  # entries whose target feature is known
+        features = self.features
+        if k <= 0 or real < 1 or features is None or features.shape[0] < real:
+            return EMPTY_DRAFT
+        keep = min(self._shared_entries(context), real - 1)
+        self._crop(keep)
+        feature = self._step(features[keep:real], context[keep + 1 : real + 1])  # [1, H]
+        self.covered = list(context)
+        tokens, qs = self._draft(feature, k, params, generator)
+        self._crop(real)
+        return Draft(tuple(tokens), torch.stack(qs) if qs else None)
+
+    def _draft(
+        self, feature: torch.Tensor, k: int, params: SamplingParams, generator: torch.Generator
+    ) -> tuple[list[int], list[torch.Tensor]]:
+        tokens: list[int] = []
+        qs: list[torch.Tensor] = []
+        for i in range(k):
+            logits = self.lm_head(feature)[0]  # [V]
+            if params.greedy:
+                confidence, best = logits.float().softmax(-1).max(-1)
+                token = int(best)
+            else:
+                q = probabilities(logits, params)  # [V]
+                token = int(sample(q, generator))
+                confidence = q[token]
+                qs.append(q)
+            tokens.append(token)
+            if float(confidence) < self.min_confidence or i + 1 == k:
+                break
+            feature = self._step(feature, [token])  # [1, H]
+        return tokens, qs
+
+
+def eagle_for(target: LoadedModel, head_file: Path | None = None) -> EagleDrafter | None:
+    """The EAGLE drafter for ``target`` from ``head_file`` or its installed head, if any.
+
+    A head that is missing gives ``None``; one that is damaged or made for another
+    target is logged and skipped (the engine still runs, without ``eagle``).
+    """
+    path = head_file or find_head(target.name)
+    if path is None:
+        return None
+    try:
+        head, info = load_head(path, target.name, target.sha256, target.model)
+    except EngineError as exc:
+        if head_file is not None:
+            raise
+        log.warning("not offering eagle: %s", exc)
+        return None
+    log.info("eagle head %s (held-out acceptance %s)", path, info.held_out_acceptance)
+    return EagleDrafter(head, target.model)

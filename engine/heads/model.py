@@ -1,0 +1,85 @@
+"""The EAGLE head: ``fc([feature; embedding]) -> one Llama decoder layer -> feature``.
+
+Contract: given the target's final normed hidden states ``f_i`` ``[B, T, H]`` and the
+target's input embeddings of the tokens that follow them ``e(x_{i+1})`` ``[B, T, H]``,
+:meth:`EagleHead.forward` predicts ``f_{i+1}`` ``[B, T, H]``; the target's own frozen
+output embeddings (its ``lm_head``) turn that into logits. The head keeps its own
+``DynamicCache`` when one is passed, so a drafter rolls it back by cropping.
+The decoder layer is transformers' ``LlamaModel`` with one layer (rotary positions,
+causal mask, cache handling and a final RMSNorm come with it); its own token
+embedding table has a single unused row.
+"""
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import DynamicCache, LlamaConfig, LlamaModel
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """Shape of a head; ``hidden_size`` must equal the target's."""
+
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rope_theta: float
+    rms_norm_eps: float
+    max_positions: int
+
+    @classmethod
+    def for_target(cls, config: Any, intermediate_size: int | None = None) -> "HeadConfig":
+        """A head shaped like one of the target's layers (optionally a smaller MLP)."""
+        heads = int(config.num_attention_heads)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        rope = getattr(config, "rope_parameters", None) or {}
+        theta = rope.get("rope_theta") or getattr(config, "rope_theta", None) or 10000.0
+        return cls(
+            hidden_size=int(config.hidden_size), num_heads=heads,
+            num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+            head_dim=int(head_dim),
+            intermediate_size=int(intermediate_size or config.intermediate_size),
+            rope_theta=float(theta), rms_norm_eps=float(getattr(config, "rms_norm_eps", 1e-6)),
+            max_positions=int(getattr(config, "max_position_embeddings", 2048)),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def llama_config(self) -> LlamaConfig:
+        return LlamaConfig(
+            vocab_size=1, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_hidden_layers=1, num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads, head_dim=self.head_dim,
+            max_position_embeddings=self.max_positions, rms_norm_eps=self.rms_norm_eps,
+            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
+            pad_token_id=None, bos_token_id=None, eos_token_id=None, tie_word_embeddings=False,
+        )
+
+
+class EagleHead(nn.Module):
+    """Predicts the target's next feature from its current feature and the next token."""
+
+    def __init__(self, config: HeadConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=True)
+        self.decoder = LlamaModel(config.llama_config())
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.decoder.config)
+
+    def forward(
+        self, features: torch.Tensor, embeds: torch.Tensor, cache: DynamicCache | None = None
+    ) -> torch.Tensor:
+        """``features``, ``embeds`` ``[B, T, H]`` -> predicted next features ``[B, T, H]``."""
+        x = self.fc(torch.cat([features, embeds], dim=-1))  # [B, T, H]
+        out = self.decoder(inputs_embeds=x, cache=cache, use_cache=cache is not None)
+        return out.last_hidden_state  # [B, T, H]
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
