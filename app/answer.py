@@ -134,6 +134,8 @@ def footer_text(stats: AnswerStats) -> str:
         parts.append(f"{stats.acceptance_rate:.0%} accepted")
     if stats.mean_accepted_length is not None:
         parts.append(f"{stats.mean_accepted_length:.2f} tokens/pass")
+    if any(note.startswith("shared server") for note in stats.notes):
+        parts.append("shared server")
     text = " · ".join(parts)
     return f"≈ {text}" if stats.estimated else text
 

@@ -126,6 +126,8 @@ def test_vllm_figures_say_when_other_requests_ran_meanwhile() -> None:
     figures = vllm_figures(before, VllmCounters.read(server.text()), own_tokens=20)
     assert figures.notes == (SHARED_NOTE,)
     assert figures.acceptance_rate == pytest.approx(70 / 120)  # the server's, not ours alone
+    stats = foreign_stats(EngineInfo(VLLM), Measured(20), figures)
+    assert footer_text(stats).endswith("58% accepted · 2.75 tokens/pass · shared server")
     # a request running when we started is another user's, even if it finished later
     busy = FakeVllmMetrics()
     busy.running.labels(MODEL, "0").set(1)
