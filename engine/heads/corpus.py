@@ -1,0 +1,86 @@
+"""The head-training corpus: chat turns built from the Python standard library's source.
+
+Contract: :func:`build` turns a fixed list of pure-Python standard-library modules into
+chat conversations (a user asks for a function, a class or an explanation; the assistant
+answers with that code in a code block or with its docstring) and writes them as JSON
+lines; :func:`load` reads them back as message lists. The shipped file is
+``assets/heads/corpus.jsonl`` (built from CPython 3.11's library, which the Python
+Software Foundation License allows to redistribute; see ``assets/heads/README.md``).
+The benchmark and demo prompts are deliberately left out so measurements stay
+held out. Rebuild with ``python -m engine.heads.corpus [OUT]``.
+"""
+
+import ast
+import json
+import sys
+import sysconfig
+from collections.abc import Iterator
+from pathlib import Path
+
+DEFAULT = Path(__file__).resolve().parent.parent.parent / "assets" / "heads" / "corpus.jsonl"
+MODULES = (
+    "argparse", "base64", "bisect", "calendar", "configparser", "contextlib", "copy", "csv",
+    "dataclasses", "datetime", "difflib", "enum", "fnmatch", "fractions", "functools",
+    "gettext", "glob", "graphlib", "gzip", "heapq", "hmac", "ipaddress", "json/__init__",
+    "json/decoder", "json/encoder", "logging/__init__", "mimetypes", "numbers", "operator",
+    "pathlib", "platform", "pprint", "queue", "random", "reprlib", "sched", "secrets",
+    "shlex", "shutil", "statistics", "string", "tempfile", "textwrap", "threading",
+    "tokenize", "urllib/parse", "uuid", "weakref", "zipfile", "zoneinfo/_zoneinfo",
+)
+MAX_CODE_CHARS = 1800
+MIN_DOC_CHARS = 40
+
+
+def _chat(user: str, assistant: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+
+
+def _first_line(doc: str) -> str:
+    line = doc.strip().split("\n\n")[0].replace("\n", " ").strip().rstrip(".")
+    return line[:1].lower() + line[1:]
+
+
+def _records(module: str, source: str) -> Iterator[list[dict[str, str]]]:
+    """Chat records for one module's source text."""
+    tree = ast.parse(source)
+    name = module.removesuffix("/__init__").replace("/", ".")
+    doc = ast.get_docstring(tree)
+    if doc and len(doc) >= MIN_DOC_CHARS:
+        yield _chat(f"What does the Python module {name} do?", doc.strip())
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef | ast.ClassDef) or node.name.startswith("_"):
+            continue
+        doc = ast.get_docstring(node)
+        code = ast.get_source_segment(source, node) or ""
+        if not doc or len(doc) < MIN_DOC_CHARS:
+            continue
+        kind = "class" if isinstance(node, ast.ClassDef) else "function"
+        if len(code) <= MAX_CODE_CHARS:
+            ask = f"Write a Python {kind} `{node.name}` that {_first_line(doc)}."
+            yield _chat(ask, f"Here is the {kind}:\n\n```python\n{code}\n```")
+        yield _chat(f"Explain what `{name}.{node.name}` does.", doc.strip())
+
+
+def build(out: Path = DEFAULT) -> int:
+    """Write the corpus from this interpreter's standard library; return the record count."""
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    records = []
+    for module in MODULES:
+        source = (lib / f"{module}.py").read_text(encoding="utf-8")
+        records.extend(_records(module, source))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", encoding="utf-8") as f:
+        for messages in records:
+            f.write(json.dumps({"messages": messages}, ensure_ascii=False) + "\n")
+    return len(records)
+
+
+def load(path: Path = DEFAULT) -> list[list[dict[str, str]]]:
+    """The conversations of a corpus file."""
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line)["messages"] for line in f if line.strip()]
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT
+    sys.stderr.write(f"{build(target)} conversations written to {target}\n")

@@ -1,0 +1,84 @@
+"""Learn from the office: fine-tune the target's head on its own past chats, swap if better.
+
+``python -m engine.heads.office --target NAME --history DB`` lowers its own CPU priority
+to the minimum (``os.nice``), reads the app's history database read-only, fine-tunes
+the installed head of ``NAME`` (or trains a first one) with :mod:`engine.heads.train`
+on those conversations, and installs the result as ``<data dir>/heads/NAME.safetensors``
+(which the engine prefers to the shipped head) only if its acceptance on held-out
+history (the last share of the conversation windows, unseen in training) beats the
+current head's on the same windows. Nothing is sent anywhere. Exit status: 0 when the
+new head was installed, 3 when the current head was kept.
+"""
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from engine import paths, store
+from engine.heads import train
+from engine.heads.files import find_head, head_file_name, read_info
+
+log = logging.getLogger(__name__)
+KEPT = 3
+
+
+def install(candidate: Path, name: str, data_dir: str | None) -> Path:
+    """Copy ``candidate`` into the data directory's heads, replacing atomically."""
+    dest = paths.data_dir(data_dir) / "heads" / head_file_name(name)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.copyfile(candidate, tmp)
+    os.replace(tmp, dest)
+    return dest
+
+
+def train_args(args: argparse.Namespace, out: Path, current: Path | None) -> list[str]:
+    argv = ["--target", args.target, "--out", str(out), "--history", str(args.history),
+            "--steps", str(args.steps), "--tokens", str(args.tokens), "--seq-len",
+            str(args.seq_len), "--held-out", str(args.held_out), "--lr", str(args.lr)]
+    if current is not None:
+        argv += ["--init", str(current)]
+    if args.data_dir:
+        argv += ["--data-dir", args.data_dir]
+    return argv
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m engine.heads.office", description=__doc__)
+    p.add_argument("--target", required=True, help="model name or local model folder")
+    p.add_argument("--history", required=True, type=Path, help="the app's history.db")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--tokens", type=int, default=20000)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--held-out", type=float, default=0.2)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--data-dir", default=None)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    os.nice(19)
+    name = store.resolve_source(args.target)[0]
+    current = find_head(name, args.data_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        candidate = Path(tmp) / head_file_name(name)
+        train.main(train_args(args, candidate, current))
+        info = read_info(candidate)
+        new = info.held_out_acceptance or 0.0
+        old = info.extra.get("init_held_out_acceptance", -1.0) if current else -1.0
+        if new <= old:
+            log.info("kept %s: held-out acceptance %.3f, the new head %.3f", current, old, new)
+            return KEPT
+        dest = install(candidate, name, args.data_dir)
+    log.info("installed %s: held-out acceptance %.3f (was %.3f)", dest, new, old)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

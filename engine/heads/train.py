@@ -1,0 +1,338 @@
+"""Self-distillation training of an EAGLE head: ``python -m engine.heads.train``.
+
+Contract: ``--target NAME --out FILE`` loads the target as the engine runs it (same
+acceleration, so the head learns the features it will see), runs it over chat
+conversations (default: ``assets/heads/corpus.jsonl``) in windows of ``--seq-len``
+tokens, and records per position its final normed hidden state and its top-``k``
+next-token distribution (``extract``). The head is then trained with
+``smooth_l1(f̂, f) + ce_weight · CE(p_target, softmax(lm_head(f̂)))`` as in the EAGLE
+paper, where the cross-entropy runs over a reduced vocabulary: the ``--ce-vocab`` ids
+carrying most of the target's probability mass in the corpus (the full-vocabulary
+product through ``lm_head`` is what makes CPU training slow; see
+``assets/heads/README.md`` for the measured trade-off). The reduced ``lm_head`` rows are
+obtained by calling the output-embeddings module on unit vectors, never by reading its
+weight. Progress goes to stderr; a checkpoint (``FILE.ckpt``) is written every
+``--checkpoint-every`` steps and picked up again by a rerun with the same arguments.
+At the end the held-out acceptance (top-1 agreement of the head's first draft token
+with the target's greedy token, full ``lm_head``) is measured and stored in the file.
+"""
+
+import argparse
+import logging
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from engine.heads import corpus as corpus_mod
+from engine.heads import history
+from engine.heads.files import HeadInfo, load_head, save_head
+from engine.heads.model import EagleHead, HeadConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Features:
+    """What the target produced over the training windows (``N`` windows of ``L``)."""
+
+    ids: torch.Tensor  # [N, L] token ids
+    hidden: torch.Tensor  # [N, L, H] final normed hidden states (float16)
+    top_ids: torch.Tensor  # [N, L, K] the target's most likely next tokens
+    top_probs: torch.Tensor  # [N, L, K] their probabilities (float16)
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+    def subset(self, rows: slice | torch.Tensor) -> "Features":
+        return Features(self.ids[rows], self.hidden[rows], self.top_ids[rows],
+                        self.top_probs[rows])
+
+
+def windows(tokenizer: Any, conversations: list[list[dict[str, str]]], seq_len: int,
+            max_tokens: int) -> torch.Tensor:
+    """Chat-templated conversations packed into ``[N, seq_len]`` windows."""
+    stream: list[int] = []
+    for messages in conversations:
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+        stream += tokenizer.encode(text, add_special_tokens=False)
+        if len(stream) >= max_tokens:
+            break
+    n = min(len(stream), max_tokens) // seq_len
+    return torch.tensor(stream[: n * seq_len], dtype=torch.long).reshape(n, seq_len)
+
+
+@torch.no_grad()
+def extract(model: Any, ids: torch.Tensor, top_k: int, progress: bool = True) -> Features:
+    """Run the target over each window; keep features and top-k next-token probabilities."""
+    hidden, top_ids, top_probs = [], [], []
+    started = time.perf_counter()
+    for i, window in enumerate(ids):
+        out = model(input_ids=window[None], output_hidden_states=True)
+        probs = out.logits[0].float().softmax(-1)  # [L, V]
+        values, indices = probs.topk(top_k, dim=-1)  # [L, K]
+        hidden.append(out.hidden_states[-1][0].to(torch.float16))  # [L, H]
+        top_ids.append(indices.to(torch.int32))
+        top_probs.append(values.to(torch.float16))
+        if progress and (i % 8 == 7 or i + 1 == len(ids)):
+            done = (i + 1) * ids.shape[1]
+            rate = done / (time.perf_counter() - started)
+            sys.stderr.write(f"\rtarget features: {done}/{ids.numel()} tokens, {rate:.0f} tok/s")
+    if progress:
+        sys.stderr.write("\n")
+    return Features(ids, torch.stack(hidden), torch.stack(top_ids), torch.stack(top_probs))
+
+
+@torch.no_grad()
+def reduced_lm_head(lm_head: Any, hidden_size: int, vocab: torch.Tensor,
+                    chunk: int = 64) -> torch.Tensor:
+    """``lm_head`` restricted to ``vocab`` as a matrix ``[H, S]`` (plus bias row-free).
+
+    Calls the module on unit vectors (minus its output at zero, i.e. any bias).
+    """
+    zero = lm_head(torch.zeros(1, hidden_size))[0, vocab].float()  # [S]
+    rows = []
+    for start in range(0, hidden_size, chunk):
+        eye = torch.eye(hidden_size)[start : start + chunk]  # [c, H]
+        rows.append(lm_head(eye)[:, vocab].float() - zero)  # [c, S]
+    return torch.cat(rows)  # [H, S]
+
+
+def choose_vocab(data: Features, size: int, vocab_size: int) -> torch.Tensor:
+    """The ``size`` ids with most target probability mass over the corpus (sorted)."""
+    mass = torch.zeros(vocab_size)
+    mass.index_add_(0, data.top_ids.reshape(-1).long(), data.top_probs.reshape(-1).float())
+    size = min(size, int((mass > 0).sum()))
+    return mass.topk(size).indices.sort().values
+
+
+def soft_targets(top_ids: torch.Tensor, top_probs: torch.Tensor,
+                 lookup: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target distributions on the reduced vocabulary: indices and weights ``[..., K]``."""
+    index = lookup[top_ids.long()]  # [..., K], -1 outside the reduced vocabulary
+    weight = top_probs.float() * (index >= 0)
+    weight = weight / weight.sum(-1, keepdim=True).clamp_min(1e-6)
+    return index.clamp_min(0), weight
+
+
+def batch_losses(head: EagleHead, embed: Any, w_s: torch.Tensor, lookup: torch.Tensor,
+                 batch: Features, noise: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Feature regression and cross-entropy of one batch (both scalar tensors)."""
+    f = batch.hidden.float()  # [B, L, H]
+    inputs = f[:, :-1]
+    if noise:
+        inputs = inputs + (torch.rand_like(inputs) * 2 - 1) * noise
+    with torch.no_grad():
+        embeds = embed(batch.ids[:, 1:]).float()  # [B, L-1, H]
+    pred = head(inputs, embeds)  # [B, L-1, H]
+    reg = F.smooth_l1_loss(pred, f[:, 1:])
+    logp = (pred @ w_s).log_softmax(-1)  # [B, L-1, S]
+    index, weight = soft_targets(batch.top_ids[:, 1:], batch.top_probs[:, 1:], lookup)
+    ce = -(weight * logp.gather(-1, index)).sum(-1).mean()
+    return reg, ce
+
+
+def learning_rate(step: int, total: int, peak: float) -> float:
+    """Linear warm-up over 5 % of the steps, then cosine decay to a tenth of ``peak``."""
+    warm = max(1, total // 20)
+    if step < warm:
+        return peak * (step + 1) / warm
+    t = (step - warm) / max(1, total - warm)
+    return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * t)))
+
+
+@dataclass
+class TrainSetup:
+    """Everything :func:`train` needs besides the data."""
+
+    head: EagleHead
+    embed: Any
+    w_s: torch.Tensor  # [H, S] reduced lm_head
+    lookup: torch.Tensor  # [V] index into the reduced vocabulary, -1 outside
+    steps: int
+    batch: int
+    lr: float
+    noise: float
+    ce_weight: float
+    checkpoint: Path
+    checkpoint_every: int
+
+
+def train(setup: TrainSetup, data: Features, seed: int = 0) -> list[float]:
+    """Train ``setup.head`` in place, resuming from the checkpoint; return the step losses."""
+    head = setup.head.train()
+    opt = torch.optim.AdamW(head.parameters(), lr=setup.lr, weight_decay=0.0)
+    step, losses = 0, []
+    if setup.checkpoint.is_file():
+        state = torch.load(setup.checkpoint, weights_only=True)
+        head.load_state_dict(state["head"])
+        opt.load_state_dict(state["opt"])
+        step, losses = int(state["step"]), list(state["losses"])
+        log.info("resumed from %s at step %d", setup.checkpoint, step)
+    gen = torch.Generator().manual_seed(seed)
+    orders = [torch.randperm(len(data), generator=gen) for _ in range(setup.steps)]
+    started, first = time.perf_counter(), step
+    while step < setup.steps:
+        pos = (step * setup.batch) % len(data)
+        rows = orders[step * setup.batch // len(data)][pos : pos + setup.batch]
+        for group in opt.param_groups:
+            group["lr"] = learning_rate(step, setup.steps, setup.lr)
+        reg, ce = batch_losses(head, setup.embed, setup.w_s, setup.lookup, data.subset(rows),
+                               setup.noise)
+        loss = reg + setup.ce_weight * ce
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        opt.step()
+        step += 1
+        losses.append(float(loss.detach()))
+        if step % 5 == 0 or step == setup.steps:
+            _report(step, setup.steps, float(reg.detach()), float(ce.detach()), started, first)
+        if step % setup.checkpoint_every == 0 or step == setup.steps:
+            _save_checkpoint(setup.checkpoint, head, opt, step, losses)
+    sys.stderr.write("\n")
+    return losses
+
+
+def _report(step: int, total: int, reg: float, ce: float, started: float, first: int) -> None:
+    elapsed = time.perf_counter() - started
+    eta = elapsed / max(1, step - first) * (total - step)
+    sys.stderr.write(f"\rstep {step}/{total}  reg {reg:.4f}  ce {ce:.3f}  "
+                     f"{elapsed:.0f}s elapsed, ~{eta:.0f}s left ")
+
+
+def _save_checkpoint(path: Path, head: EagleHead, opt: Any, step: int,
+                     losses: list[float]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step,
+                "losses": losses}, tmp)
+    tmp.replace(path)
+
+
+@torch.inference_mode()
+def held_out_acceptance(head: EagleHead, embed: Any, lm_head: Any, data: Features) -> float:
+    """Share of held-out positions where the head's first draft token (full ``lm_head``)
+    equals the target's greedy token."""
+    head.eval()
+    hits = total = 0
+    for i in range(len(data)):
+        f = data.hidden[i : i + 1].float()  # [1, L, H]
+        pred = head(f[:, :-1], embed(data.ids[i : i + 1, 1:]).float())  # [1, L-1, H]
+        guess = lm_head(pred[0]).argmax(-1)  # [L-1]
+        hits += int((guess == data.top_ids[i, 1:, 0].long()).sum())
+        total += guess.numel()
+    return hits / max(1, total)
+
+
+def load_features(model: Any, tokenizer: Any, args: argparse.Namespace,
+                  conversations: list[list[dict[str, str]]], cache: Path) -> Features:
+    """Target features for the corpus, cached next to the output for resumed runs."""
+    if cache.is_file():
+        log.info("reusing target features from %s", cache)
+        return Features(**torch.load(cache, weights_only=True))
+    ids = windows(tokenizer, conversations, args.seq_len, args.tokens)
+    if len(ids) < 2:
+        raise SystemExit("the corpus is too small for two windows; lower --seq-len")
+    data = extract(model, ids, args.top_k)
+    torch.save(vars(data), cache)
+    return data
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m engine.heads.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", required=True, help="model name or local model folder")
+    p.add_argument("--out", required=True, type=Path, help="head file to write (.safetensors)")
+    p.add_argument("--corpus", type=Path, default=corpus_mod.DEFAULT)
+    p.add_argument("--history", type=Path, default=None,
+                   help="train on the app's SQLite history instead of --corpus")
+    p.add_argument("--init", type=Path, default=None, help="head file to fine-tune")
+    p.add_argument("--tokens", type=int, default=60000, help="corpus tokens to use")
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--held-out", type=float, default=0.1, help="share of windows held out")
+    p.add_argument("--top-k", type=int, default=32, help="target probabilities kept per token")
+    p.add_argument("--ce-vocab", type=int, default=8192, help="reduced vocabulary for the CE")
+    p.add_argument("--intermediate", type=int, default=None, help="head MLP size")
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--batch", type=int, default=8, help="windows per step")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--noise", type=float, default=0.05, help="uniform feature noise amplitude")
+    p.add_argument("--ce-weight", type=float, default=0.1)
+    p.add_argument("--checkpoint-every", type=int, default=50)
+    p.add_argument("--accel", default="auto", help="target acceleration (as the engine runs)")
+    p.add_argument("--data-dir", default=None)
+    return p.parse_args(argv)
+
+
+def load_target(name: str, data_dir: str | None, accel: str) -> Any:
+    from engine import store
+    from engine.models import load_prepared
+
+    return load_prepared(store.prepare(name, data_dir), "float32", accel)
+
+
+def split(data: Features, held_out: float) -> tuple[Features, Features]:
+    """The last ``held_out`` share of the windows (at least one) is held out."""
+    n_held = max(1, round(len(data) * held_out))
+    return data.subset(slice(0, len(data) - n_held)), data.subset(slice(len(data) - n_held, None))
+
+
+def initial_head(args: argparse.Namespace, loaded: Any) -> tuple[EagleHead, EagleHead | None]:
+    """A new head, or a copy of ``--init`` to fine-tune (then also returned unchanged)."""
+    if args.init is None:
+        return EagleHead(HeadConfig.for_target(loaded.model.config, args.intermediate)), None
+    base, _ = load_head(args.init, loaded.name, loaded.sha256, loaded.model)
+    head = EagleHead(base.config)
+    head.load_state_dict(base.state_dict())
+    return head, base
+
+
+def read_conversations(args: argparse.Namespace) -> list[list[dict[str, str]]]:
+    found = history.conversations(args.history) if args.history else corpus_mod.load(args.corpus)
+    random.Random(0).shuffle(found)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    loaded = load_target(args.target, args.data_dir, args.accel)
+    embed, lm_head = loaded.model.get_input_embeddings(), loaded.model.get_output_embeddings()
+    out: Path = args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    data = load_features(loaded.model, loaded.tokenizer, args, read_conversations(args),
+                         out.with_name(out.name + ".features.pt"))
+    train_data, held = split(data, args.held_out)
+    vocab = choose_vocab(train_data, args.ce_vocab, embed.num_embeddings)
+    lookup = torch.full((embed.num_embeddings,), -1, dtype=torch.long)
+    lookup[vocab] = torch.arange(len(vocab))
+    head, base = initial_head(args, loaded)
+    setup = TrainSetup(head, embed, reduced_lm_head(lm_head, head.config.hidden_size, vocab),
+                       lookup, args.steps, args.batch, args.lr, args.noise, args.ce_weight,
+                       out.with_name(out.name + ".ckpt"), args.checkpoint_every)
+    losses = train(setup, train_data)
+    acceptance = held_out_acceptance(head, embed, lm_head, held)
+    extra = {"held_out_tokens": int(held.ids.numel()), "steps": args.steps,
+             "ce_vocab": len(vocab), "top_k": args.top_k, "first_loss": losses[0],
+             "final_loss": losses[-1], "seconds": round(time.perf_counter() - started),
+             "corpus": "office history" if args.history else args.corpus.name}
+    if base is not None:
+        extra["init_held_out_acceptance"] = held_out_acceptance(base, embed, lm_head, held)
+    info = HeadInfo(loaded.name, loaded.sha256, int(embed.num_embeddings), head.config,
+                    int(train_data.ids.numel()), round(acceptance, 4), extra)
+    save_head(head, info, out)
+    log.info("held-out acceptance %.3f; wrote %s (%.1f MB)", acceptance, out,
+             out.stat().st_size / 1e6)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
