@@ -62,6 +62,7 @@ def test_light_model_second_prepare_uses_the_cache(
 @pytest.mark.slow
 def test_appliance_pair_greedy_speculation_is_token_identical() -> None:
     engine = ChatEngine.load("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
+    assert engine.target.accel == engine.draft.accel == "int4+int8"  # type: ignore[union-attr]
     for prompt in PROMPTS[:2]:
         plain = greedy_answer(engine, prompt, "off", 32)
         for method in ("draft", "ngram", "suffix"):
