@@ -18,7 +18,8 @@ Contract:
 * Any OpenAI-compatible server works (:meth:`attach`). On connect the client detects
   what it talks to (:func:`app.engines.detect`: our worker, vLLM, llama.cpp's server or
   an unknown one); :attr:`Health.engine` says which. A foreign server's readiness is its
-  ``GET /v1/models``; its answers are mapped onto our figures (:func:`app.engines.
+  ``GET /v1/models`` (not asked while it answers: some servers cut an answer short for
+  any other request); its answers are mapped onto our figures (:func:`app.engines.
   foreign_stats`): vLLM's ``/metrics`` counters are read before and after each answer,
   llama.cpp's ``timings`` come with the answer, and whatever a server does not report is
   named in ``AnswerStats.unreported``. A refused token (``refused``) and a server that
@@ -314,7 +315,9 @@ class WorkerClient(QObject):
         assert self._wake is not None
         while True:
             url = self.url
-            if url is not None:
+            # A foreign server is not asked while it answers: its answer shows it is alive,
+            # and some (llama-cpp-python) cut an answer short for any other request.
+            if url is not None and not (self.foreign and self._streams):
                 health = await self._health_once(url)
                 if url == self.url:
                     self._set_health(health)
@@ -441,9 +444,12 @@ class WorkerClient(QObject):
             before = await self._vllm_counters() if engine and engine.kind == VLLM else None
             done = await self._read_stream(rid, request, answer, engine)
             ended = answer.final is not None if engine is None else (
-                done or answer.finish_reason is not None)
+                answer.finish_reason is not None)
             if not ended:
                 outcome, message = INTERRUPTED, "the worker ended the answer early"
+                if engine is not None and done:
+                    message = ("the server ended the answer without a finish reason (another "
+                               "request may have interrupted it)")
             elif engine is not None:
                 figures = await self._figures(engine, answer, before)
         except asyncio.CancelledError:
@@ -539,7 +545,8 @@ class WorkerClient(QObject):
     # --- settings and models -----------------------------------------------------------
 
     def fetch_speculation(self) -> None:
-        if not self.foreign:  # a foreign engine's speculation is set where it is started
+        # only our worker has the setting: a foreign engine's is set where it is started
+        if self.engine is not None and not self.engine.foreign:
             self._spawn(self._speculation("GET", None))
 
     def update_speculation(self, changes: dict[str, Any]) -> None:
@@ -571,7 +578,8 @@ class WorkerClient(QObject):
         self.speculation_received.emit(data)
 
     def fetch_models(self) -> None:
-        self._spawn(self._models())
+        if not (self.foreign and self._streams):  # see _poll_health
+            self._spawn(self._models())
 
     async def _models(self) -> None:
         if self.url is None:

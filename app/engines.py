@@ -26,6 +26,7 @@ Contract:
 
 import math
 import re
+import unicodedata
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -192,9 +193,10 @@ def detect(probes: Probes) -> EngineInfo | Problem:
         return vllm_info(ids, metrics if isinstance(metrics, str) else "", probes.version)
     openapi = probes.openapi.body if _is_dict(probes.openapi) else {}  # type: ignore[union-attr]
     info = openapi.get("info")
-    hint = str(info.get("title") or "").strip() if isinstance(info, dict) else ""
+    title = str(info.get("title") or "") if isinstance(info, dict) else ""
+    hint = "".join(c for c in title if unicodedata.category(c) != "So").strip()  # no emoji
     return EngineInfo(OPENAI, models=ids, name_hint=hint,
-                      speculation="the server reports no speculation figures")
+                      speculation="unknown (this server reports no speculation figures)")
 
 
 def llama_cpp_info(ids: tuple[str, ...], props: Reply | None) -> EngineInfo:

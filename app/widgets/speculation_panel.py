@@ -27,7 +27,14 @@ from PySide6.QtWidgets import (
 
 from app.answer import AnswerStats, method_name
 from app.client import Health
-from app.engines import ACCEPTANCE, ENGINE_NAMES, PER_POSITION, TOKENS_PER_PASS, EngineInfo
+from app.engines import (
+    ACCEPTANCE,
+    ENGINE_NAMES,
+    OPENAI,
+    PER_POSITION,
+    TOKENS_PER_PASS,
+    EngineInfo,
+)
 from app.models.answers import RecentAnswersModel
 from app.theme import colors
 from app.widgets.charts import PositionBars, TrendChart
@@ -220,7 +227,8 @@ class SpeculationPanel(QFrame):
         self.pill.setText(text)
         self.pill.setProperty("kind", kind)
         self.pill.style().polish(self.pill)
-        self.method.setText(f"Speculation: {engine.speculation} (set on the server)")
+        where = "" if engine.kind == OPENAI else " (set on the server)"
+        self.method.setText(f"Speculation: {engine.speculation}{where}")
 
     def show_live(self, stats: AnswerStats) -> None:
         """Numbers of the answer streaming now (the app's own count), shown at most every
