@@ -64,7 +64,10 @@ case "$mode" in
         exec .venv/bin/anve "$@"
         ;;
     test)
-        ensure_venv ".[dev]"
+        echo "== the test set-up includes llama-cpp-python[server] (a real llama.cpp server for" \
+            "the foreign-engine tests): its first install compiles llama.cpp (about 12 minutes" \
+            "on 2 cores); pip's wheel cache keeps the build"
+        ensure_venv ".[dev,foreign]"
         ensure_test_tools
         echo "== installing the light model used by the tests"
         .venv/bin/python -m engine.models install light
