@@ -107,9 +107,10 @@ def reset(engine: ChatEngine) -> None:
     engine.runner.reset()
     engine.policies.clear()
     engine.drafters["suffix"] = SuffixDrafter()
-    draft = engine.drafters.get("draft")
-    if draft is not None:
-        draft.reset()  # type: ignore[attr-defined]
+    for drafter in engine.drafters.values():
+        forget = getattr(drafter, "reset", None)  # drafters with a cache of their own
+        if callable(forget):
+            forget()
 
 
 def run_ours(engine: ChatEngine, ids: list[int], kind: str, method: str, k: DraftLength,
