@@ -13,8 +13,12 @@ product through ``lm_head`` is what makes CPU training slow; see
 obtained by calling the output-embeddings module on unit vectors, never by reading its
 weight. Progress goes to stderr; a checkpoint (``FILE.ckpt``) is written every
 ``--checkpoint-every`` steps and picked up again by a rerun with the same arguments.
+Target features are cached in ``FILE.features.pt`` for the same corpus and settings.
 At the end the held-out acceptance (top-1 agreement of the head's first draft token
-with the target's greedy token, full ``lm_head``) is measured and stored in the file.
+with the target's greedy token, full ``lm_head``, on the last ``--held-out`` share of
+the windows) is measured and stored in the file. ``--init HEAD`` fine-tunes an existing
+head (its held-out acceptance on the same windows is stored too) and ``--history DB``
+reads the conversations from the app's history instead (see :mod:`engine.heads.office`).
 """
 
 import argparse
@@ -232,15 +236,21 @@ def held_out_acceptance(head: EagleHead, embed: Any, lm_head: Any, data: Feature
 
 def load_features(model: Any, tokenizer: Any, args: argparse.Namespace,
                   conversations: list[list[dict[str, str]]], cache: Path) -> Features:
-    """Target features for the corpus, cached next to the output for resumed runs."""
+    """Target features for the corpus, cached next to the output for resumed runs.
+
+    The cache is reused only if it was made from the same corpus and settings.
+    """
+    key = [str(args.history or args.corpus), args.tokens, args.seq_len, args.top_k, args.accel]
     if cache.is_file():
-        log.info("reusing target features from %s", cache)
-        return Features(**torch.load(cache, weights_only=True))
+        saved = torch.load(cache, weights_only=True)
+        if saved.pop("key", None) == key:
+            log.info("reusing target features from %s", cache)
+            return Features(**saved)
     ids = windows(tokenizer, conversations, args.seq_len, args.tokens)
     if len(ids) < 2:
         raise SystemExit("the corpus is too small for two windows; lower --seq-len")
     data = extract(model, ids, args.top_k)
-    torch.save(vars(data), cache)
+    torch.save({**vars(data), "key": key}, cache)
     return data
 
 
