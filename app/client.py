@@ -546,7 +546,7 @@ class WorkerClient(QObject):
 
     def fetch_speculation(self) -> None:
         # only our worker has the setting: a foreign engine's is set where it is started
-        if self.engine is not None and not self.engine.foreign:
+        if not self.foreign:
             self._spawn(self._speculation("GET", None))
 
     def update_speculation(self, changes: dict[str, Any]) -> None:
