@@ -1,0 +1,34 @@
+"""The light model with its shipped EAGLE head: lossless greedy drafting that gets accepted."""
+
+import pytest
+
+from engine.heads.files import SHIPPED, head_file_name, read_info
+from engine.sampling import SamplingParams
+from tests.conftest import LIGHT
+
+PROMPTS = [
+    "Write a Python function that returns the squares of a list of numbers.",
+    "Explain in two sentences what a context manager is in Python.",
+]
+
+
+def test_the_shipped_light_head_names_its_target() -> None:
+    info = read_info(SHIPPED / head_file_name(LIGHT))
+    assert info.target == LIGHT and info.target_sha256
+    assert (SHIPPED / head_file_name(LIGHT)).stat().st_size <= 40_000_000
+
+
+@pytest.mark.model
+def test_light_model_greedy_eagle_equals_plain(light_engine) -> None:  # type: ignore[no-untyped-def]
+    assert "eagle" in light_engine.methods
+    accepted = 0
+    for prompt in PROMPTS:
+        messages = [{"role": "user", "content": prompt}]
+        plain, eagle = (
+            list(light_engine.generate(messages, SamplingParams(), max_tokens=40, method=m,
+                                       num_draft_tokens=3))[-1]
+            for m in ("off", "eagle")
+        )
+        assert eagle.token_ids == plain.token_ids, prompt
+        accepted += eagle.stats.accepted
+    assert accepted > 0
