@@ -11,6 +11,8 @@ that is not OpenAI-compatible, and a real llama.cpp server (``llama_cpp.server``
   each answer's drafts into the metrics, and can add another user's request or restart
   (fresh counters) while an answer streams. vLLM itself needs a GPU; this is how its
   counters and stream look.
+* :class:`LlamaServerLike` serves ``llama-server``'s documented routes and stream (its
+  ``/props`` and the ``timings`` with draft counts; the C++ server is not on PyPI).
 * :class:`LlamaCppServer` runs ``python -m llama_cpp.server`` on loopback serving a GGUF.
 """
 
@@ -177,6 +179,89 @@ class VllmLike:
         if (body.get("stream_options") or {}).get("include_usage"):
             await _event(response, {**base, "choices": [], "usage": {
                 "prompt_tokens": 21, "total_tokens": 21 + tokens, "completion_tokens": tokens}})
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+
+LLAMA_PROPS = {
+    "default_generation_settings": {
+        "id": 0, "id_task": -1, "n_ctx": 8192, "speculative": True, "is_processing": False,
+        "params": {"n_predict": -1, "temperature": 0.8, "speculative.n_max": 16,
+                   "speculative.n_min": 5, "speculative.p_min": 0.9, "timings_per_token": False},
+    },
+    "total_slots": 4, "model_path": "/models/qwen2.5-coder-7b-instruct-q4_k_m.gguf",
+    "chat_template": "...", "build_info": "b9251-e2b129e1b",
+}
+LLAMA_MODEL = "qwen2.5-coder-7b-instruct-q4_k_m.gguf"
+
+
+class LlamaServerLike:
+    """``llama-server``'s HTTP surface as documented: ``/health``, ``/props`` and
+    ``/v1/models`` open to all; other routes need ``--api-key``; a streamed answer ends
+    with ``timings`` (``draft_n``, ``draft_n_accepted``) in its last chunks."""
+
+    def __init__(self, api_key: str) -> None:
+        self.api_key = api_key
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> str:
+        app = web.Application(middlewares=[self._auth])
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/props", self._props)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        self._runner = web.AppRunner(app)
+        return await serve(self._runner)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        public = request.path in ("/health", "/props", "/v1/models", "/models")
+        if not public and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return web.json_response({"error": {"code": 401, "message": "Invalid API Key",
+                                                "type": "authentication_error"}}, status=401)
+        return await handler(request)  # type: ignore[no-any-return]
+
+    async def _health(self, _request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _props(self, _request: web.Request) -> web.Response:
+        return web.json_response(LLAMA_PROPS)
+
+    async def _models(self, _request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": LLAMA_MODEL, "object": "model", "created": 1735142223, "owned_by": "llamacpp",
+             "meta": {"n_ctx_train": 32768, "size": 4683073952}}]})
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response({"tokens": list(range(len(str(body.get("content", "")))))})
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        base = {"created": 1779349198, "id": "chatcmpl-nFCx", "model": LLAMA_MODEL,
+                "system_fingerprint": "b9251-e2b129e1b", "object": "chat.completion.chunk"}
+        words = ["Red", ",", " green", " and", " blue", "."]
+        for word in words:
+            await _event(response, {**base, "choices": [
+                {"finish_reason": None, "index": 0, "delta": {"content": word}}]})
+            await asyncio.sleep(0.01)
+        timings = {"cache_n": 0, "prompt_n": 31, "prompt_ms": 128.3,
+                   "prompt_per_token_ms": 4.14, "prompt_per_second": 241.6, "predicted_n": 6,
+                   "predicted_ms": 186.1, "predicted_per_token_ms": 31.0,
+                   "predicted_per_second": 32.24, "draft_n": 20, "draft_n_accepted": 17}
+        await _event(response, {**base, "choices": [
+            {"finish_reason": "stop", "index": 0, "delta": {}}], "timings": timings})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await _event(response, {**base, "choices": [], "usage": {
+                "completion_tokens": 6, "prompt_tokens": 31, "total_tokens": 37},
+                "timings": timings})
         await response.write(b"data: [DONE]\n\n")
         return response
 

@@ -39,6 +39,7 @@ from app.engines import (
     unknown_figures,
     vllm_figures,
 )
+from tests.foreign_support import LLAMA_PROPS
 from tests.foreign_support import VLLM_MODEL as MODEL
 from tests.foreign_support import VllmMetrics as FakeVllmMetrics
 
@@ -193,15 +194,6 @@ LLAMA_FINAL_CHUNK = {
 LLAMA_PLAIN_TIMINGS = {"prompt_n": 12, "prompt_ms": 90.2, "prompt_per_token_ms": 7.5,
                        "prompt_per_second": 133.0, "predicted_n": 40, "predicted_ms": 800.0,
                        "predicted_per_token_ms": 20.0, "predicted_per_second": 50.0}
-LLAMA_PROPS = {
-    "default_generation_settings": {
-        "id": 0, "id_task": -1, "n_ctx": 8192, "speculative": True, "is_processing": False,
-        "params": {"n_predict": -1, "temperature": 0.8, "speculative.n_max": 16,
-                   "speculative.n_min": 5, "speculative.p_min": 0.9, "timings_per_token": False},
-    },
-    "total_slots": 4, "model_path": "/models/qwen2.5-coder-7b-instruct-q4_k_m.gguf",
-    "chat_template": "...", "build_info": "b9251-e2b129e1b",
-}
 LLAMA_MODELS = {"object": "list", "data": [
     {"id": "qwen2.5-coder-7b-instruct-q4_k_m.gguf", "object": "model", "created": 1735142223,
      "owned_by": "llamacpp", "meta": {"n_ctx_train": 32768, "size": 4683073952}}]}

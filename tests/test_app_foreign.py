@@ -5,6 +5,10 @@
   wrong token is refused with a clear message; with the right one a message streams
   in, and the panel shows what that server reports (tokens, speed, first token) and
   says which speculation figures it does not report.
+* llama.cpp's ``llama-server`` surface (:class:`tests.foreign_support.LlamaServerLike`):
+  a wrong key is caught although its open routes answer; each answer's ``timings`` give
+  the acceptance rate, and the panel says tokens per pass and per-position acceptance
+  are not reported.
 * vLLM's HTTP surface (:class:`tests.foreign_support.VllmLike`: its routes, stream and
   ``/metrics`` counters as vLLM registers them; vLLM itself needs a GPU): the panel
   shows acceptance, tokens per pass and per-position acceptance from the counters read
@@ -28,13 +32,14 @@ from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
 from app.application import AnveApp
-from app.engines import ANVE, OPENAI, RESET_NOTE, SHARED_NOTE, VLLM
+from app.engines import ANVE, LLAMA_CPP, OPENAI, RESET_NOTE, SHARED_NOTE, VLLM
 from app.launcher import WorkerCommand
 from app.paths import DATABASE_NAME
 from app.store import COMPLETE, Store
 from tests.app_support import finish, qasync_loop
 from tests.foreign_support import (
     LlamaCppServer,
+    LlamaServerLike,
     NotOpenAI,
     VllmLike,
     free_port,
@@ -234,6 +239,44 @@ def test_the_server_saved_in_admin_is_used_at_the_next_start(
     finally:
         finish(qtbot, app.shutdown())
         finish(qtbot, vllm.stop())
+
+
+def test_llama_server_timings_give_the_acceptance_rate_and_the_rest_is_not_reported(
+    loop: qasync.QEventLoop, qtbot: QtBot, tmp_path: Path
+) -> None:
+    llama = LlamaServerLike(api_key="office-key")
+    url = finish(qtbot, llama.start())
+    app = open_app(qtbot, tmp_path, worker_url=url, token="wrong")
+    try:  # its /health, /props and /v1/models answer without the key: still refused
+        qtbot.waitUntil(lambda: app.client.health.state == "refused", timeout=WAIT_MS)
+        assert "HTTP 401: Invalid API Key" in banner_text(app)
+        unlock_admin(app, qtbot)
+        page = app.window.admin_page
+        page.server_url.setText(url)
+        page.server_token.setText("office-key")
+        page.connect_server()
+        qtbot.waitUntil(lambda: app.client.health.ready, timeout=WAIT_MS)
+        engine = app.client.health.engine
+        assert engine is not None and engine.kind == LLAMA_CPP
+        assert page.engine.text() == "llama.cpp server b9251-e2b129e1b"
+        assert "draft model (-md), 5–16 draft tokens per pass" in page.foreign_note.text()
+        assert "-md DRAFT.gguf" in page.foreign_note.text()
+        ask(app, qtbot, "Name three colours.")
+        panel = app.window.panel
+        assert panel.acceptance.value.text() == "85%"  # 17 of 20 drafted tokens
+        assert panel.mean_length.value.text() == "n/a"
+        assert panel.speed.value.text() == "32.2"  # the server's own decode speed
+        assert ("Not reported by llama.cpp server: tokens per pass, acceptance by draft "
+                "position.") in panel.notes.text()
+        assert panel.bars.empty_text == "not reported by this server"
+        stats = app.chat.messages.items[-1].stats
+        assert stats is not None and (stats.drafted, stats.accepted) == (20, 17)
+        assert stats.completion_tokens == 6 and stats.prompt_tokens == 31
+        assert app.chat.messages.items[-1].content == "Red, green and blue."
+        screenshot(app, tmp_path, "foreign-llama-server-chat")
+    finally:
+        finish(qtbot, app.shutdown())
+        finish(qtbot, llama.stop())
 
 
 # --- servers that cannot be used, and back to the local worker ------------------------------------
