@@ -104,6 +104,7 @@ def require_llama_cpp_server() -> None:
 
 
 @pytest.mark.foreign_server
+@pytest.mark.model
 def test_a_real_llama_cpp_server_streams_and_the_panel_says_what_it_does_not_report(
     loop: qasync.QEventLoop, qtbot: QtBot, tmp_path: Path
 ) -> None:

@@ -7,9 +7,10 @@ unlocked, :meth:`AdminController.apply` sends ``PUT /v1/speculation``; the worke
 answer (``WorkerClient.speculation_received``) is the confirmation shown.
 
 Which server the app uses is an admin choice too: :meth:`AdminController.choose_server`
-checks the address, stores it (with its access token) under the ``worker`` setting and
-emits :attr:`server_chosen`; :meth:`use_local_worker` clears it. The app attaches to the
-saved server at start (``anve --worker URL`` overrides it for one session).
+checks the address, stores it with its access token under the ``worker`` setting (in
+the history file, mode 0600) and emits :attr:`server_chosen`; :meth:`use_local_worker`
+clears it. The app attaches to the saved server at start (``anve --worker URL``
+overrides it for one session).
 """
 
 import asyncio
