@@ -8,6 +8,9 @@ Every drafter implements :class:`Drafter`:
   (n-gram and suffix lookup: ``q`` is one-hot at the proposed token).
 * ``observe(context, proposed, accepted)`` tells the drafter how many of its last
   proposals the target kept, for drafters that adapt.
+* Optionally, ``wants_hidden = True`` and ``observe_hidden(features)``: the decoding
+  loop then hands over the target's final hidden states of ``context[:-1]``
+  (``[len(context) - 1, H]``) before each ``propose`` (EAGLE heads).
 
 Drafters never see text: the engine knows only token ids.
 """
