@@ -77,3 +77,14 @@ def test_tiny_run_fills_every_row_and_greedy_rows_match_plain() -> None:
             assert run.seconds > 0 and run.passes
     draft = next(r for r in rows if r.name == "draft k=2")
     assert sum(r.accepted or 0 for r in draft.runs) > 0  # the draft is the target itself
+
+
+def test_llama_cpp_rows_are_checked_against_llama_cpp_plain() -> None:
+    ours = Row("plain (ours)", [Run("summary", [1, 2, 3], 1.0)])
+    cpp = Row("llama.cpp plain", [Run("summary", [1, 2, 4], 0.5)])
+    lookup = Row("llama.cpp prompt lookup k=3", [Run("summary", [1, 2, 4], 0.25)])
+    table = {r["row"]: r for r in bench.summarise([ours, cpp, lookup], KINDS)
+             if r["kind"] == "overall"}
+    assert table["llama.cpp plain"]["identical"] == "1/1"  # to itself, not to ours
+    assert table["llama.cpp prompt lookup k=3"]["identical"] == "1/1"
+    assert table["llama.cpp prompt lookup k=3"]["speedup"] == 4.0  # speed is always vs ours
