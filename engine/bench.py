@@ -233,6 +233,7 @@ def weight_bytes_per_token(model: Any) -> int:
 
 
 LLAMA_CPP = "llama.cpp"  # rows of this name prefix run llama.cpp's own numerics
+STOCK = "plain, transformers' own layers"  # the target as transformers loads it
 
 
 def reference(row: Row, rows: list[Row]) -> Row:
@@ -244,7 +245,7 @@ def reference(row: Row, rows: list[Row]) -> Row:
     """
     if row.name.startswith(LLAMA_CPP):
         return next((r for r in rows if r.name == f"{LLAMA_CPP} plain"), row)
-    return rows[0]
+    return row if row.name == STOCK else rows[0]
 
 
 def summarise(rows: list[Row], kinds: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -264,11 +265,13 @@ def summarise(rows: list[Row], kinds: tuple[str, ...]) -> list[dict[str, Any]]:
             accepted = sum(r.accepted or 0 for r in runs)
             passes = sum(r.passes or 0 for r in runs)
             same = sum(r.tokens == b.tokens for r, b in zip(runs, same_as, strict=True))
+            own = ref is row and row is not rows[0]  # nothing to compare with
             table.append({
                 "row": row.name, "kind": kind, "tokens_per_s": tps, "speedup": tps / base_tps,
                 "acceptance_rate": accepted / drafted if drafted else None,
                 "tokens_per_pass": sum(len(r.tokens) for r in runs) / passes if passes else None,
-                "identical": f"{same}/{len(runs)}", "peak_rss_gb": row.peak_rss / 2**30,
+                "identical": None if own else f"{same}/{len(runs)}",
+                "peak_rss_gb": row.peak_rss / 2**30,
                 "auto_off_passes": sum(r.auto_off for r in runs),
             })
     return table
@@ -292,7 +295,7 @@ def markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         lines.append(
             f"| {r['row']} | {r['tokens_per_s']:.2f} | {r['speedup']:.2f}× | "
             f"{fmt(r['acceptance_rate'], '.0%')} | {fmt(r['tokens_per_pass'], '.2f')} | "
-            f"{r['identical']} | {r['peak_rss_gb']:.1f} GB |"
+            f"{fmt(r['identical'], '')} | {r['peak_rss_gb']:.1f} GB |"
         )
     kinds = [k for k in KINDS if any(r["kind"] == k for r in summary)]
     lines += ["", "¹ answers with the same token ids as plain decoding on the same engine "
@@ -313,6 +316,18 @@ def markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
 
 
 RowSpec = tuple[str, Callable[[ChatEngine, list[int], str], Run]]
+
+
+def stock_spec(target: str, data_dir: str | None, max_tokens: int) -> RowSpec:
+    """Plain decoding of a second copy of the target on transformers' own layers."""
+    loaded: list[ChatEngine] = []  # loaded on the row's first (warm-up) call
+
+    def run(e: ChatEngine, ids: list[int], kind: str) -> Run:
+        if not loaded:
+            loaded.append(ChatEngine.load(target, None, data_dir=data_dir, accel="off"))
+        return run_ours(loaded[0], ids, kind, "off", 0, max_tokens)
+
+    return STOCK, run
 
 
 def row_specs(engine: ChatEngine, k: int, max_tokens: int) -> list[RowSpec]:
@@ -379,6 +394,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--accel", default="auto", choices=ACCELERATIONS,
                         help="linear-layer kernels of every row (default auto)")
+    parser.add_argument("--stock", action="store_true",
+                        help="add plain decoding on transformers' own layers (a second copy)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument("--data-dir", default=None)
     return parser.parse_args(argv)
@@ -394,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
                              accel=args.accel)
     k = args.k or min(4, engine.max_adaptive)
     specs = row_specs(engine, k, args.max_tokens)
+    if args.stock:
+        specs.insert(1, stock_spec(target, args.data_dir, args.max_tokens))
     wanted = [w for w in args.rows.split(",") if w]
     specs = [s for i, s in enumerate(specs)
              if i == 0 or not wanted or any(w in s[0] for w in wanted)]

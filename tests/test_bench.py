@@ -85,6 +85,14 @@ def test_llama_cpp_rows_are_checked_against_llama_cpp_plain() -> None:
     lookup = Row("llama.cpp prompt lookup k=3", [Run("summary", [1, 2, 4], 0.25)])
     table = {r["row"]: r for r in bench.summarise([ours, cpp, lookup], KINDS)
              if r["kind"] == "overall"}
-    assert table["llama.cpp plain"]["identical"] == "1/1"  # to itself, not to ours
+    assert table["llama.cpp plain"]["identical"] is None  # its own reference, not ours
     assert table["llama.cpp prompt lookup k=3"]["identical"] == "1/1"
     assert table["llama.cpp prompt lookup k=3"]["speedup"] == 4.0  # speed is always vs ours
+
+
+def test_the_stock_row_has_no_identity_claim_but_a_speedup() -> None:
+    ours = Row("plain (ours)", [Run("summary", [1, 2, 3], 1.0)])
+    stock = Row(bench.STOCK, [Run("summary", [1, 2, 5], 3.0)])
+    table = {r["row"]: r for r in bench.summarise([ours, stock], KINDS) if r["kind"] == "overall"}
+    assert table["plain (ours)"]["identical"] == "1/1"
+    assert table[bench.STOCK]["identical"] is None and table[bench.STOCK]["speedup"] == 1 / 3
