@@ -33,8 +33,10 @@ ensure_venv() {
 }
 
 ensure_test_tools() {
-    # Debian tools used by tests/test_installer.py; installed only when missing, only as root.
+    # Debian tools the tests use (the installer test's checkers; a C++ compiler to build
+    # llama-cpp-python); installed only when missing, only as root.
     local missing=()
+    command -v c++ >/dev/null 2>&1 || missing+=(g++)
     command -v desktop-file-validate >/dev/null 2>&1 || missing+=(desktop-file-utils)
     command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
     command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
@@ -42,7 +44,7 @@ ensure_test_tools() {
         return
     fi
     if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "== installing ${missing[*]} (Debian packages the installer test uses)"
+        echo "== installing ${missing[*]} (Debian packages the tests use)"
         local apt=(apt-get install -y -qq --no-install-recommends "${missing[@]}")
         if ! DEBIAN_FRONTEND=noninteractive "${apt[@]}" >/dev/null 2>&1; then
             apt-get update -qq >/dev/null 2>&1 || true
@@ -67,8 +69,8 @@ case "$mode" in
         echo "== the test set-up includes llama-cpp-python[server] (a real llama.cpp server for" \
             "the foreign-engine tests): its first install compiles llama.cpp (about 12 minutes" \
             "on 2 cores); pip's wheel cache keeps the build"
-        ensure_venv ".[dev,foreign]"
         ensure_test_tools
+        ensure_venv ".[dev,foreign]"
         echo "== installing the light model used by the tests"
         .venv/bin/python -m engine.models install light
         exec .venv/bin/python -m pytest -m "not slow" "$@"
