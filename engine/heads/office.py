@@ -50,7 +50,8 @@ def train_args(args: argparse.Namespace, out: Path, current: Path | None) -> lis
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m engine.heads.office", description=__doc__)
     p.add_argument("--target", required=True, help="model name or local model folder")
-    p.add_argument("--history", required=True, type=Path, help="the app's history.db")
+    p.add_argument("--history", required=True, type=Path,
+                   help="the app's history database (history.sqlite3 in its data folder)")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--tokens", type=int, default=20000)
     p.add_argument("--seq-len", type=int, default=256)
