@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Coroutine, Iterator
+from pathlib import Path
 from typing import Any
 
 import qasync
@@ -20,6 +21,7 @@ from aiohttp import web
 from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
+from app.application import AnveApp
 from tests.worker_process import REPO
 
 
@@ -35,6 +37,14 @@ def qasync_loop(qapp: QApplication) -> Iterator[qasync.QEventLoop]:
         qapp.aboutToQuit.disconnect(loop._after_run_forever)
         loop.close()
         asyncio.set_event_loop(None)
+
+
+def open_app(qtbot: QtBot, data: Path, **kwargs: Any) -> AnveApp:
+    """Open the app's window on ``data`` (closed with the test) and start it."""
+    anve = AnveApp(data, **kwargs)
+    qtbot.addWidget(anve.window)
+    anve.start()
+    return anve
 
 
 def finish(qtbot: QtBot, coro: Coroutine[Any, Any, Any], timeout_ms: int = 30000) -> Any:

@@ -13,7 +13,6 @@ import signal
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
@@ -26,7 +25,7 @@ from app.launcher import WorkerCommand
 from app.paths import DATABASE_NAME
 from app.store import COMPLETE, INTERRUPTED, Store
 from app.widgets.message_view import CodeBlock
-from tests.app_support import FakeWorker, finish, qasync_loop
+from tests.app_support import FakeWorker, finish, open_app, qasync_loop
 from tests.tiny import save_tiny
 from tests.worker_process import Http, WorkerProcess, start_worker
 
@@ -59,13 +58,6 @@ def worker(models: tuple[Path, Path, Path],
 def loop(qapp: QApplication) -> Iterator[qasync.QEventLoop]:
     with qasync_loop(qapp) as event_loop:
         yield event_loop
-
-
-def open_app(qtbot: QtBot, data: Path, **kwargs: Any) -> AnveApp:
-    anve = AnveApp(data, **kwargs)
-    qtbot.addWidget(anve.window)
-    anve.start()
-    return anve
 
 
 @pytest.fixture

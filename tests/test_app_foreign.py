@@ -24,7 +24,6 @@ import os
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 import qasync
@@ -36,7 +35,7 @@ from app.engines import ANVE, LLAMA_CPP, OPENAI, RESET_NOTE, SHARED_NOTE, VLLM
 from app.launcher import WorkerCommand
 from app.paths import DATABASE_NAME
 from app.store import COMPLETE, Store
-from tests.app_support import finish, qasync_loop
+from tests.app_support import finish, open_app, qasync_loop
 from tests.foreign_support import (
     LlamaCppServer,
     LlamaServerLike,
@@ -55,13 +54,6 @@ PASSPHRASE = "correct horse battery"
 def loop(qapp: QApplication) -> Iterator[qasync.QEventLoop]:
     with qasync_loop(qapp) as event_loop:
         yield event_loop
-
-
-def open_app(qtbot: QtBot, data: Path, **kwargs: Any) -> AnveApp:
-    anve = AnveApp(data, **kwargs)
-    qtbot.addWidget(anve.window)
-    anve.start()
-    return anve
 
 
 def unlock_admin(app: AnveApp, qtbot: QtBot) -> None:
