@@ -19,6 +19,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,8 @@ END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<
 MEMORY_HEADROOM = 1.15  # activations, KV cache and allocator slack on top of the weights
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 ACCEL_CHOICES = ("auto", *MODES)
-INT4_EFFICIENT_ROWS = 4  # the int4 kernel's row block: 5+ rows cost about twice 4
+INT4_EFFICIENT_ROWS = 4  # torch's int4 kernel's row block: 5+ rows cost about twice 4
+NATIVE_EFFICIENT_ROWS = 8  # our kernels' rows per pass over the weights (engine.kernels)
 
 
 @dataclass
@@ -112,6 +114,15 @@ def accel_mode(prepared: store.PreparedModel, accel: str) -> str:
     return accel
 
 
+def efficient_rows(layers: Counter[str]) -> int | None:
+    """How many tokens one verification can hold at about one pass over the weights."""
+    if layers.get("Int4Linear"):
+        return INT4_EFFICIENT_ROWS
+    if layers.get("Q4Linear") or layers.get("Q8Linear"):
+        return NATIVE_EFFICIENT_ROWS
+    return None
+
+
 def load_prepared(
     prepared: store.PreparedModel, dtype: str = "float32", accel: str = "auto"
 ) -> LoadedModel:
@@ -127,7 +138,7 @@ def load_prepared(
     return LoadedModel(
         prepared.name, model, tokenizer, prepared.sha256, max_context,
         end_of_turn_ids(model, tokenizer), accel=mode,
-        efficient_rows=INT4_EFFICIENT_ROWS if report.layers.get("Int4Linear") else None,
+        efficient_rows=efficient_rows(report.layers),
         gguf=prepared.gguf,
     )
 

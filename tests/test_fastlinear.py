@@ -12,14 +12,18 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
+from engine import kernels
 from engine.accelerate import accelerate, cache_path, model_bytes
-from engine.fastlinear import SMALL_ROWS, FastLinear, Int4Linear, Int8Linear
+from engine.fastlinear import SMALL_ROWS, FastLinear, Int4Linear, Int8Linear, Q4Linear
 from engine.quant import decode_int4
 from engine.runner import ModelRunner
 from tests.test_quant import light_gguf, q4_k_blocks, write_gguf
 from tests.tiny import tiny_model
 
 RNG = np.random.default_rng(1)
+# torch's int4/int8 kernels, and ours where they run (AVX2 and a compiler: CI has both)
+NATIVE = [False, pytest.param(True, marks=pytest.mark.skipif(
+    not kernels.available(), reason="native kernels need AVX2, FMA, F16C and a C++ compiler"))]
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -171,31 +175,39 @@ def gguf_model(tmp_path: Path, kind: str = "llama") -> tuple[nn.Module, Path]:
     return model, write_gguf(tmp_path / f"{kind}.gguf", kind, tensors)
 
 
+@pytest.mark.parametrize("native", NATIVE)
 @pytest.mark.parametrize("mode", ["int4", "int4+int8"])
-def test_int4_mode_runs_the_gguf_codes_close_to_the_dense_model(tmp_path: Path, mode: str) -> None:
+def test_int4_mode_runs_the_gguf_codes_close_to_the_dense_model(
+    tmp_path: Path, mode: str, native: bool
+) -> None:
     model, path = gguf_model(tmp_path)
     x = torch.tensor([[3, 17, 42, 99, 7, 250, 11]])
     with torch.no_grad():
         reference = model(x).logits
-    report = accelerate(model, path, mode)
-    assert report.layers["Int4Linear"] == 5 and not report.fallbacks
-    rest = "Int8Linear" if mode == "int4+int8" else "FastLinear"
+    report = accelerate(model, path, mode, native=native)
+    int4, int8 = ("Q4Linear", "Q8Linear") if native else ("Int4Linear", "Int8Linear")
+    assert report.layers[int4] == 5 and not report.fallbacks
+    rest = int8 if mode == "int4+int8" else "FastLinear"
     assert report.layers[rest] == 2 * 7 + 1 - 5
-    assert isinstance(model.get_submodule("model.layers.0.self_attn.q_proj"), Int4Linear)
+    layer = model.get_submodule("model.layers.0.self_attn.q_proj")
+    assert isinstance(layer, Q4Linear if native else Int4Linear)
     assert model.get_output_embeddings().weight.shape == (320, 256)  # shape-only stand-in
     with torch.no_grad():
         assert relative_error(model(x).logits, reference) < 2e-2
 
 
+@pytest.mark.parametrize("native", NATIVE)
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_int4_int8_mode_verifies_exactly_what_decoding_computes(tmp_path: Path, kind: str) -> None:
+def test_int4_int8_mode_verifies_exactly_what_decoding_computes(
+    tmp_path: Path, kind: str, native: bool
+) -> None:
     model, path = gguf_model(tmp_path, kind)
-    assert accelerate(model, path, "int4+int8").row_invariant
+    assert accelerate(model, path, "int4+int8", native=native).row_invariant
     runner = ModelRunner(model)
     runner.sync([3, 17, 42, 99, 7, 250, 11, 60])
     base, new = len(runner), [5, 77, 300, 12, 9, 100, 42, 8]
     one_by_one = torch.stack([runner.forward([t])[-1] for t in new])  # [8, V]
-    for k in [2, 4, 5, 8]:
+    for k in [2, 4, 5, 8]:  # our kernels: 8 rows per pass; torch's int4: 4
         runner.truncate(base)
         assert torch.equal(runner.forward(new[:k], rows=k), one_by_one[:k])
     assert greedy_tokens(model, [3, 17, 42], 16, draft_every=2) == greedy_tokens(
@@ -203,18 +215,22 @@ def test_int4_int8_mode_verifies_exactly_what_decoding_computes(tmp_path: Path, 
     )
 
 
-def test_int4_mode_keeps_a_layer_dense_when_the_codes_do_not_match(tmp_path: Path) -> None:
+@pytest.mark.parametrize("native", NATIVE)
+def test_int4_mode_keeps_a_layer_dense_when_the_codes_do_not_match(
+    tmp_path: Path, native: bool
+) -> None:
     model, path = gguf_model(tmp_path)
     with torch.no_grad():
         model.get_submodule("model.layers.0.mlp.up_proj").weight.mul_(1.5)
-    report = accelerate(model, path, "int4")
+    report = accelerate(model, path, "int4", native=native)
     assert report.fallbacks == ["model.layers.0.mlp.up_proj"]
     assert isinstance(model.get_submodule("model.layers.0.mlp.up_proj"), FastLinear)
-    assert report.layers["Int4Linear"] == 4
+    assert report.layers["Q4Linear" if native else "Int4Linear"] == 4
 
 
 @pytest.mark.model
-def test_light_model_int4_layers_match_gguf_dequantize() -> None:
+@pytest.mark.parametrize("native", NATIVE)
+def test_light_model_int4_layers_match_gguf_dequantize(native: bool) -> None:
     weights = light_gguf()
     name = "model.layers.2.self_attn.q_proj"  # permuted rows
     g = weights.int4(name)
@@ -229,21 +245,24 @@ def test_light_model_int4_layers_match_gguf_dequantize() -> None:
         .weights
     )
     w = torch.from_numpy(np.ascontiguousarray(dense))  # [N, K] as transformers loads it
-    layer = Int4Linear.from_groups(g)
+    layer = (Q4Linear if native else Int4Linear).from_groups(g)
     x = torch.randn(4, w.shape[1])
     assert relative_error(layer(x), x.double() @ w.double().T) < 2e-2
 
 
-def test_converted_layers_are_cached_and_reloaded(tmp_path: Path) -> None:
+@pytest.mark.parametrize("native", NATIVE)
+def test_converted_layers_are_cached_and_reloaded(tmp_path: Path, native: bool) -> None:
     model, path = gguf_model(tmp_path)
     x = torch.tensor([[3, 17, 42, 99, 7]])
-    first = accelerate(model, path, "int4+int8", cache_dir=tmp_path / "accelerated")
-    cached = cache_path(tmp_path / "accelerated", "int4+int8", torch.float32)
+    folder = tmp_path / "accelerated"
+    first = accelerate(model, path, "int4+int8", cache_dir=folder, native=native)
+    cached = cache_path(folder, "int4+int8", torch.float32, native)
     assert cached.is_file() and not first.from_cache
+    assert not cache_path(folder, "int4+int8", torch.float32, not native).exists()
     with torch.no_grad():
         expected = model(x).logits
     again, _ = gguf_model(tmp_path)
-    second = accelerate(again, path, "int4+int8", cache_dir=tmp_path / "accelerated")
+    second = accelerate(again, path, "int4+int8", cache_dir=folder, native=native)
     assert second.from_cache and second.layers == first.layers and second.row_invariant
     with torch.no_grad():
         assert torch.equal(again(x).logits, expected)
@@ -254,10 +273,10 @@ def test_a_cache_that_does_not_fit_is_rebuilt(
 ) -> None:
     model, path = gguf_model(tmp_path)
     cache_path(tmp_path, "int4", torch.float32).write_bytes(b"not safetensors")
-    report = accelerate(model, path, "int4", cache_dir=tmp_path)
+    report = accelerate(model, path, "int4", cache_dir=tmp_path, native=False)
     assert not report.from_cache and report.layers["Int4Linear"] == 5
     assert "ignoring the cache" in caplog.text
     again, _ = gguf_model(tmp_path)
-    assert accelerate(again, path, "int4", cache_dir=tmp_path).from_cache
+    assert accelerate(again, path, "int4", cache_dir=tmp_path, native=False).from_cache
     other, other_path = gguf_model(tmp_path, "qwen2")  # another GGUF, same cache folder
-    assert not accelerate(other, other_path, "int4", cache_dir=tmp_path).from_cache
+    assert not accelerate(other, other_path, "int4", cache_dir=tmp_path, native=False).from_cache

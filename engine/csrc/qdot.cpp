@@ -1,0 +1,208 @@
+// Integer-dot linear layers for x86 CPUs with AVX2 (built and loaded by engine/kernels.py).
+//
+// Contract: y[m, n] = sum_k x[m, k] * w[n, k] for M rows of float32 activations, where
+// the activations are first rounded per group of 32 to int8 codes with one float scale
+// (dx = max|x| / 127), as llama.cpp does, and every group's dot product is exact integer
+// arithmetic. Each output element depends only on its own row of x: the work and the
+// order of every floating-point operation for row m are the same whatever M is, so a
+// k-row call returns bit-for-bit what k one-row calls return.
+//
+// Weights:
+//   q4: 4-bit codes 0..15, 16 bytes per group of 32 (byte j: element j in the low
+//       nibble, element 16 + j in the high one), and per group a float16 scale and
+//       float16 offset (two [N, K / 32] arrays): w = code * scale + offset.
+//   q8: int8 codes per output row with one float scale: w = code * scale.
+// Threads: OpenMP over output features (the process's one OpenMP runtime, torch's).
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+namespace {
+
+constexpr int GROUP = 32;
+constexpr int MAX_M = 8;  // rows per pass over the weights; larger inputs loop
+
+struct QuantRows {
+    int8_t *codes;  // [M, K]
+    float *scale;   // [M, G], dx per group
+    float *sum;     // [M, G], dx * sum of the group's codes
+};
+
+void quantize_rows(const float *x, int M, int K, QuantRows q) {
+    const int G = K / GROUP;
+#pragma omp parallel for schedule(static)
+    for (int mg = 0; mg < M * G; ++mg) {
+        const float *src = x + (int64_t)mg * GROUP;
+        int8_t *dst = q.codes + (int64_t)mg * GROUP;
+        float amax = 0.0f;
+        for (int i = 0; i < GROUP; ++i) amax = fmaxf(amax, fabsf(src[i]));
+        const float d = amax / 127.0f;
+        const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+        int total = 0;
+        for (int i = 0; i < GROUP; ++i) {
+            const int c = (int)nearbyintf(src[i] * inv);
+            dst[i] = (int8_t)c;
+            total += c;
+        }
+        q.scale[mg] = d;
+        q.sum[mg] = d * (float)total;
+    }
+}
+
+inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+inline __m256 dot_group(__m256i w_u8, const int8_t *xq) {
+    const __m256i x = _mm256_loadu_si256((const __m256i *)xq);
+    const __m256i p16 = _mm256_maddubs_epi16(w_u8, x);                    // [16] int16
+    const __m256i p32 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));     // [8] int32
+    return _mm256_cvtepi32_ps(p32);
+}
+
+inline __m256i unpack_q4(const uint8_t *codes) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)codes);
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(v, mask);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+    return _mm256_set_m128i(hi, lo);
+}
+
+inline float offset_term(const uint16_t *offset, const float *xsum, int G) {
+    __m256 acc = _mm256_setzero_ps();
+    int g = 0;
+    for (; g + 8 <= G; g += 8) {
+        const __m256 o = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(offset + g)));
+        acc = _mm256_fmadd_ps(o, _mm256_loadu_ps(xsum + g), acc);
+    }
+    float total = hsum(acc);
+    for (; g < G; ++g) total = fmaf(_cvtsh_ss(offset[g]), xsum[g], total);
+    return total;
+}
+
+template <int M>
+void q4_rows(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *scale,
+             const uint16_t *offset, const float *bias, float *y, int N, int n0, int n1) {
+    const int G = K / GROUP;
+    for (int n = n0; n < n1; ++n) {
+        __m256 acc[M];
+        for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
+        const uint8_t *wrow = codes + (int64_t)n * G * (GROUP / 2);
+        const uint16_t *srow = scale + (int64_t)n * G;
+        for (int g = 0; g < G; ++g) {
+            const __m256i w = unpack_q4(wrow + g * (GROUP / 2));
+            const float s = _cvtsh_ss(srow[g]);
+            for (int m = 0; m < M; ++m) {
+                const int64_t mg = (int64_t)m * G + g;
+                const __m256 d = dot_group(w, xq.codes + mg * GROUP);
+                acc[m] = _mm256_fmadd_ps(d, _mm256_set1_ps(s * xq.scale[mg]), acc[m]);
+            }
+        }
+        const float b = bias ? bias[n] : 0.0f;
+        const uint16_t *orow = offset + (int64_t)n * G;
+        for (int m = 0; m < M; ++m) {
+            const float corr = offset_term(orow, xq.sum + (int64_t)m * G, G);
+            y[(int64_t)m * N + n] = (hsum(acc[m]) + corr) + b;
+        }
+    }
+}
+
+template <int M>
+void q8_rows(const QuantRows xq, int K, const int8_t *codes, const float *scale,
+             const float *bias, float *y, int N, int n0, int n1) {
+    const int G = K / GROUP;
+    for (int n = n0; n < n1; ++n) {
+        __m256 acc[M];
+        for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
+        const int8_t *wrow = codes + (int64_t)n * K;
+        for (int g = 0; g < G; ++g) {
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(wrow + g * GROUP));
+            const __m256i w_abs = _mm256_sign_epi8(w, w);
+            for (int m = 0; m < M; ++m) {
+                const int64_t mg = (int64_t)m * G + g;
+                const __m256i x = _mm256_loadu_si256((const __m256i *)(xq.codes + mg * GROUP));
+                const __m256i p16 = _mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(x, w));
+                const __m256i p32 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32),
+                                         _mm256_set1_ps(xq.scale[mg]), acc[m]);
+            }
+        }
+        const float b = bias ? bias[n] : 0.0f;
+        for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = hsum(acc[m]) * scale[n] + b;
+    }
+}
+
+template <typename Kernel>
+void over_rows(int M, int N, int K, float *y, QuantRows xq, Kernel kernel) {
+    const int G = K / GROUP;
+    constexpr int TILE = 16;  // output features per scheduled chunk
+    for (int m0 = 0; m0 < M; m0 += MAX_M) {
+        const int mm = M - m0 < MAX_M ? M - m0 : MAX_M;
+        const QuantRows part = {xq.codes + (int64_t)m0 * K, xq.scale + (int64_t)m0 * G,
+                                xq.sum + (int64_t)m0 * G};
+        float *out = y + (int64_t)m0 * N;
+#pragma omp parallel for schedule(static)
+        for (int t = 0; t < (N + TILE - 1) / TILE; ++t) {
+            const int n0 = t * TILE, n1 = n0 + TILE < N ? n0 + TILE : N;
+            kernel(mm, part, out, n0, n1);
+        }
+    }
+}
+
+struct Scratch {
+    QuantRows rows;
+    void *block;
+    Scratch(int M, int K) {
+        const int64_t G = K / GROUP;
+        block = aligned_alloc(64, (size_t)(((int64_t)M * K + 63) / 64 * 64 + 2 * M * G * 4 + 64));
+        rows.codes = (int8_t *)block;
+        rows.scale = (float *)((char *)block + ((int64_t)M * K + 63) / 64 * 64);
+        rows.sum = rows.scale + M * G;
+    }
+    ~Scratch() { free(block); }
+};
+
+}  // namespace
+
+#define DISPATCH(FN, ...)                          \
+    switch (mm) {                                  \
+        case 1: FN<1>(__VA_ARGS__); break;         \
+        case 2: FN<2>(__VA_ARGS__); break;         \
+        case 3: FN<3>(__VA_ARGS__); break;         \
+        case 4: FN<4>(__VA_ARGS__); break;         \
+        case 5: FN<5>(__VA_ARGS__); break;         \
+        case 6: FN<6>(__VA_ARGS__); break;         \
+        case 7: FN<7>(__VA_ARGS__); break;         \
+        default: FN<8>(__VA_ARGS__); break;        \
+    }
+
+extern "C" {
+
+int anve_qdot_version(void) { return 1; }
+
+// y[M, N] = x[M, K] . W^T (+ bias), W in q4 form; K a multiple of 32.
+void anve_q4_linear(const float *x, int M, int K, const uint8_t *codes, const uint16_t *scale,
+                    const uint16_t *offset, const float *bias, float *y, int N) {
+    Scratch scratch(M, K);
+    quantize_rows(x, M, K, scratch.rows);
+    over_rows(M, N, K, y, scratch.rows, [&](int mm, QuantRows xq, float *out, int n0, int n1) {
+        DISPATCH(q4_rows, xq, K, codes, scale, offset, bias, out, N, n0, n1)
+    });
+}
+
+// y[M, N] = x[M, K] . W^T (+ bias), W in q8 form; K a multiple of 32.
+void anve_q8_linear(const float *x, int M, int K, const int8_t *codes, const float *scale,
+                    const float *bias, float *y, int N) {
+    Scratch scratch(M, K);
+    quantize_rows(x, M, K, scratch.rows);
+    over_rows(M, N, K, y, scratch.rows, [&](int mm, QuantRows xq, float *out, int n0, int n1) {
+        DISPATCH(q8_rows, xq, K, codes, scale, bias, out, N, n0, n1)
+    });
+}
+
+}  // extern "C"

@@ -1,0 +1,146 @@
+"""Our native integer-dot kernels (``engine/csrc/qdot.cpp``): built once, loaded with ctypes.
+
+Contract: :func:`available` says whether the kernels run here (an x86 CPU with AVX2,
+FMA and F16C, and a C++ compiler the first time); :func:`q4_linear` and
+:func:`q8_linear` compute a linear layer from 4-bit or int8 weight codes with the
+activations rounded to int8 per group of 32, and each output row is bit-identical
+whatever the number of rows (see the C++ file). When the kernels cannot run, the
+caller keeps torch's own kernels; nothing else changes.
+
+The shared library is compiled with the system ``c++`` into the user cache folder
+(``~/.cache/anve/kernels``, or ``ANVE_KERNEL_DIR``), named by a hash of the source and
+flags, so it is built once per source version (about 3 s). ``ANVE_NATIVE=0`` turns the
+kernels off.
+"""
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import platformdirs
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).parent / "csrc" / "qdot.cpp"
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+CPU_FLAGS = frozenset({"avx2", "fma", "f16c"})
+GROUP = 32  # activations and q4 weights are grouped by 32 input features
+_P, _I = ctypes.c_void_p, ctypes.c_int
+
+
+def cpu_supports() -> bool:
+    """Whether this CPU has the instructions the kernels use (Linux /proc/cpuinfo)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split()) >= CPU_FLAGS
+    return False
+
+
+def kernel_dir() -> Path:
+    chosen = os.environ.get("ANVE_KERNEL_DIR")
+    return Path(chosen) if chosen else Path(platformdirs.user_cache_dir("anve")) / "kernels"
+
+
+def library_path() -> Path:
+    """Where the library for this source and these flags lives once built."""
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    return kernel_dir() / f"qdot-{digest}.so"
+
+
+def build(path: Path) -> None:
+    """Compile the source into ``path`` (atomically); raises ``RuntimeError`` on failure."""
+    compiler = shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        raise RuntimeError("no C++ compiler (install g++ for the fast kernels)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        out = Path(tmp) / path.name
+        result = subprocess.run(
+            [compiler, *FLAGS, "-o", str(out), str(SOURCE)], capture_output=True, text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"compiling {SOURCE.name} failed: {result.stderr.strip()[-800:]}")
+        os.replace(out, path)
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    lib.anve_q4_linear.argtypes = [_P, _I, _I, _P, _P, _P, _P, _P, _I]
+    lib.anve_q4_linear.restype = None
+    lib.anve_q8_linear.argtypes = [_P, _I, _I, _P, _P, _P, _P, _I]
+    lib.anve_q8_linear.restype = None
+    return lib
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or ``None`` (logged once) where they cannot run."""
+    if os.environ.get("ANVE_NATIVE", "1") == "0":
+        log.info("native kernels off (ANVE_NATIVE=0)")
+        return None
+    if not cpu_supports():
+        log.info("native kernels need AVX2, FMA and F16C; using torch's kernels")
+        return None
+    path = library_path()
+    try:
+        if not path.is_file():
+            log.info("building the native kernels into %s", path)
+            build(path)
+        return _bind(ctypes.CDLL(str(path)))
+    except (OSError, RuntimeError) as exc:
+        log.warning("native kernels unavailable, using torch's: %s", exc)
+        return None
+
+
+def available() -> bool:
+    return library() is not None
+
+
+def _prepare(x: torch.Tensor, k: int) -> tuple[torch.Tensor, int]:
+    x2 = x.reshape(-1, k).to(torch.float32).contiguous()  # [M, K]
+    return x2, x2.shape[0]
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def q4_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
+              bias: torch.Tensor | None) -> torch.Tensor:
+    """``x [..., K] @ W.T (+ bias)`` with W given as q4 codes ``[N, K/2]``, fp16 scale/offset
+    ``[N, K/32]``; bias float32 ``[N]``. Returns float32 ``[..., N]``."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError("the native kernels are not available")
+    n, k = codes.shape[0], codes.shape[1] * 2
+    x2, m = _prepare(x, k)
+    y = torch.empty(m, n, dtype=torch.float32)  # [M, N]
+    lib.anve_q4_linear(x2.data_ptr(), m, k, codes.data_ptr(), scale.data_ptr(),
+                       offset.data_ptr(), _ptr(bias), y.data_ptr(), n)
+    return y.reshape(*x.shape[:-1], n)
+
+
+def q8_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor,
+              bias: torch.Tensor | None) -> torch.Tensor:
+    """``x [..., K] @ W.T (+ bias)`` with W given as int8 codes ``[N, K]`` times a float32
+    per-row ``scale [N]``; bias float32 ``[N]``. Returns float32 ``[..., N]``."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError("the native kernels are not available")
+    n, k = codes.shape
+    x2, m = _prepare(x, k)
+    y = torch.empty(m, n, dtype=torch.float32)  # [M, N]
+    lib.anve_q8_linear(x2.data_ptr(), m, k, codes.data_ptr(), scale.data_ptr(), _ptr(bias),
+                       y.data_ptr(), n)
+    return y.reshape(*x.shape[:-1], n)

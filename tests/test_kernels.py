@@ -1,0 +1,147 @@
+"""Our native kernels against a pure torch reference of the same arithmetic."""
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QuantType
+from gguf import quants
+
+from engine import kernels
+from engine.fastlinear import Int8Linear, Q4Linear, Q8Linear
+from engine.quant import GroupQuant, decode_int4
+from tests.test_quant import q4_k_blocks
+
+pytestmark = pytest.mark.skipif(
+    not kernels.available(), reason="native kernels need AVX2, FMA, F16C and a C++ compiler"
+)
+GROUP = kernels.GROUP
+
+
+def quantize_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activations ``[M, K]`` -> int8 codes ``[M, G, 32]`` and scale ``[M, G]`` (dx)."""
+    g = x.float().unflatten(-1, (-1, GROUP))  # [M, G, 32]
+    dx = g.abs().amax(-1) / 127.0  # [M, G]
+    inv = torch.where(dx > 0, 1.0 / dx, torch.zeros_like(dx))
+    return torch.round(g * inv.unsqueeze(-1)), dx
+
+
+def q4_reference(x: torch.Tensor, layer: Q4Linear) -> torch.Tensor:
+    """What the q4 kernel computes, in float64 from the same integer products."""
+    codes, dx = quantize_reference(x)  # [M, G, 32], [M, G]
+    q = layer.unpacked().double()  # [N, G, 32]
+    dots = torch.einsum("mgk,ngk->mng", codes.double(), q)  # [M, N, G] exact
+    y = (dots * dx.double()[:, None] * layer.scale.double()).sum(-1)
+    y += (layer.offset.double() * (dx.double() * codes.double().sum(-1))[:, None]).sum(-1)
+    return y if layer.bias is None else y + layer.bias.double()
+
+
+def q8_reference(x: torch.Tensor, layer: Q8Linear) -> torch.Tensor:
+    codes, dx = quantize_reference(x)
+    w = layer.q.double().unflatten(-1, (-1, GROUP))  # [N, G, 32]
+    dots = torch.einsum("mgk,ngk->mng", codes.double(), w)  # [M, N, G]
+    y = (dots * dx.double()[:, None]).sum(-1) * layer.scale.double()
+    return y if layer.bias is None else y + layer.bias.double()
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal up to float32 rounding of the sums (a few ulps of the largest output)."""
+    return bool((a.double() - b).abs().max() <= 1e-5 * b.abs().max())
+
+
+def q4_layer(n: int, k: int, bias: bool) -> tuple[Q4Linear, torch.Tensor]:
+    data = q4_k_blocks(n, k)
+    g = decode_int4(data, QuantType.Q4_K, n, k)
+    b = torch.randn(n) if bias else None
+    return Q4Linear.from_groups(g, b), torch.from_numpy(quants.dequantize(data, QuantType.Q4_K))
+
+
+@pytest.mark.parametrize(("n", "k", "bias"), [(64, 256, False), (37, 512, True), (200, 768, True)])
+def test_q4_kernel_matches_the_reference(n: int, k: int, bias: bool) -> None:
+    torch.manual_seed(0)
+    layer, _ = q4_layer(n, k, bias)
+    x = torch.randn(11, k) * 3  # more rows than one pass (8) holds
+    assert close(layer(x), q4_reference(x, layer))
+
+
+def test_q4_layer_holds_the_gguf_weight_up_to_float16_scales() -> None:
+    layer, dense = q4_layer(48, 512, False)  # Q4_K: d * sc rounded to float16
+    assert float((layer.dequantized() - dense).abs().max() / dense.abs().max()) < 2**-10
+    w = torch.randn(16, 256).numpy() * 0.05
+    data = quants.quantize(w, QuantType.Q4_1)  # float16 d and m: held exactly
+    exact = Q4Linear.from_groups(decode_int4(data, QuantType.Q4_1, 16, 256)).dequantized()
+    assert torch.equal(exact, torch.from_numpy(quants.dequantize(data, QuantType.Q4_1)))
+
+
+@pytest.mark.parametrize(("n", "k", "bias"), [(40, 96, False), (129, 576, True)])
+def test_q8_kernel_matches_the_reference(n: int, k: int, bias: bool) -> None:
+    torch.manual_seed(1)
+    linear = torch.nn.Linear(k, n, bias=bias)
+    layer = Q8Linear.from_weight(linear.weight, linear.bias)
+    x = torch.randn(9, k)
+    assert close(layer(x), q8_reference(x, layer))
+    assert torch.equal(layer.q, Int8Linear.from_weight(linear.weight).q)
+
+
+def test_every_row_is_the_same_whatever_the_number_of_rows() -> None:
+    torch.manual_seed(2)
+    layer, _ = q4_layer(48, 512, True)
+    q8 = Q8Linear.from_weight(torch.randn(48, 512))
+    x = torch.randn(17, 512)
+    for lay in (layer, q8):
+        full = lay(x)  # [17, N]: passes of 8 + 8 + 1 rows
+        for m in range(1, 17):
+            assert torch.equal(lay(x[:m]), full[:m])
+        assert torch.equal(lay(x[5:6]), full[5:6])
+
+
+def test_zero_and_bfloat16_inputs() -> None:
+    layer, _ = q4_layer(32, 256, True)
+    x = torch.zeros(2, 256)
+    assert torch.equal(layer(x), layer.bias.expand(2, -1))
+    xb = torch.randn(3, 256, dtype=torch.bfloat16)
+    y = layer(xb)  # computed in float32, returned in the input's dtype
+    expected = q4_reference(xb.float(), layer)
+    assert y.dtype == torch.bfloat16
+    assert ((y.double() - expected).abs() <= expected.abs() * 2**-8 + 1e-6).all()
+
+
+def test_q4_linear_from_groups_packs_nibbles_in_group_halves() -> None:
+    q = torch.arange(64, dtype=torch.uint8).remainder(16).reshape(1, 64).repeat(2, 1)
+    g = GroupQuant(q, torch.ones(2, 2), torch.zeros(2, 2))
+    layer = Q4Linear.from_groups(g)
+    assert layer.codes[0, 0] == 0 | (0 << 4) and layer.codes[0, 1] == 1 | (1 << 4)
+    assert torch.equal(layer.dequantized(), q.float())
+
+
+def test_a_failed_build_falls_back_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("ANVE_KERNEL_DIR", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no compiler on the path
+    kernels.library.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert kernels.library() is None
+        assert "no C++ compiler" in caplog.text
+        with pytest.raises(RuntimeError, match="not available"):
+            kernels.q8_linear(torch.ones(1, 32), torch.ones(1, 32, dtype=torch.int8),
+                              torch.ones(1), None)
+    finally:
+        kernels.library.cache_clear()
+    monkeypatch.undo()
+    assert kernels.available()
+
+
+def test_the_library_is_built_once_per_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                              ) -> None:
+    monkeypatch.setenv("ANVE_KERNEL_DIR", str(tmp_path))
+    kernels.library.cache_clear()
+    try:
+        path = kernels.library_path()
+        assert path.parent == tmp_path and not path.exists()
+        assert kernels.library() is not None and path.is_file()
+        assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary left
+    finally:
+        kernels.library.cache_clear()
