@@ -19,7 +19,9 @@ to the mode, and the same converted model then serves plain decoding and verific
 Where our kernels run (:mod:`engine.kernels`: AVX2 and a compiler), the int4 modes use
 :class:`Q4Linear` and :class:`Q8Linear` in place of :class:`Int4Linear` and
 :class:`Int8Linear`: the same weight forms on integer-dot kernels, 2-3x faster here,
-equally row-invariant.
+equally row-invariant. With ``requantize`` (draft models only: a draft's numerics move
+its acceptance, never the output) the tensors with no int4 form are rounded to 4 bits
+too (:meth:`Q4Linear.from_dense`), so a draft reads ~40 % fewer bytes per step.
 
 Int4 layers are built only where the decoded GGUF rows equal the loaded weight
 (sampled check), so a GGUF that is not the model's source falls back to dense layers.
@@ -98,6 +100,7 @@ def _replacement(
     weights: GGUFWeights | None,
     report: AccelerationReport,
     native: bool,
+    requantize: bool = False,
 ) -> nn.Module:
     """The layer that replaces ``linear`` in ``mode`` (recording fallbacks)."""
     ours = native and linear.in_features % kernels.GROUP == 0
@@ -107,6 +110,8 @@ def _replacement(
             return (Q4Linear if ours else Int4Linear).from_groups(g, linear.bias)
         log.warning("%s: GGUF codes do not match the loaded weight; kept dense", name)
         report.fallbacks.append(name)
+    if mode == "int4+int8" and ours and requantize:
+        return Q4Linear.from_dense(linear.weight, linear.bias)
     if mode == "int4+int8":
         return (Q8Linear if ours else Int8Linear).from_weight(linear.weight, linear.bias)
     return FastLinear(linear)
@@ -122,11 +127,12 @@ def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(parent, child, module)
 
 
-def cache_path(cache_dir: Path, mode: str, weight_dtype: torch.dtype, native: bool = False) -> Path:
+def cache_path(cache_dir: Path, mode: str, weight_dtype: torch.dtype, native: bool = False,
+               requantize: bool = False) -> Path:
     """Where the converted layers of ``mode`` are cached (one file per build)."""
     capability = torch.backends.cpu.get_cpu_capability().lower()
     dtype = str(weight_dtype).removeprefix("torch.")
-    kind = "-native" if native else ""
+    kind = ("-native" if native else "") + ("-requantized" if native and requantize else "")
     tag = f"{mode.replace('+', '-')}{kind}-{dtype}-torch{torch.__version__}-{capability}"
     return Path(cache_dir) / f"accelerated-{tag}-v{CACHE_FORMAT}.safetensors"
 
@@ -180,20 +186,25 @@ def _convert(
     cache_dir: Path | None,
     report: AccelerationReport,
     native: bool,
+    requantize: bool,
 ) -> dict[str, nn.Module]:
     """The replacement for every ``nn.Linear`` of ``model``, from the cache if it fits."""
     linears = _linears(model)
     quantized = mode.startswith("int4")
     dtype = next(iter(linears.values())).weight.dtype if linears else torch.float32
     use_cache = cache_dir is not None and quantized and gguf_path is not None
-    path = cache_path(cache_dir, mode, dtype, native) if use_cache and cache_dir else None
+    path = None
+    if use_cache and cache_dir:
+        path = cache_path(cache_dir, mode, dtype, native, requantize)
     source = _source_tag(gguf_path) if use_cache and gguf_path else ""
     cached = _load_cache(path, linears, source) if path and path.is_file() else None
     if cached is not None:
         report.from_cache = True
         return {n: cached[n] if n in cached else FastLinear(m) for n, m in linears.items()}
     weights = GGUFWeights(gguf_path) if quantized and gguf_path is not None else None
-    layers = {n: _replacement(n, m, mode, weights, report, native) for n, m in linears.items()}
+    layers = {
+        n: _replacement(n, m, mode, weights, report, native, requantize) for n, m in linears.items()
+    }
     if path is not None:
         _save_cache(path, layers, source)
     return layers
@@ -207,6 +218,7 @@ def accelerate(
     row_attention: bool | None = None,
     cache_dir: Path | None = None,
     native: bool | None = None,
+    requantize: bool = False,
 ) -> AccelerationReport:
     """Replace ``model``'s ``nn.Linear`` layers in place (see the module docstring).
 
@@ -217,7 +229,8 @@ def accelerate(
     k-token forward gives bit-identical logits to k one-token forwards.
     ``cache_dir``: a folder owned by this model (e.g. its converted-weights cache).
     ``native`` (default: where they run) puts the quantized weights on our own kernels
-    (:class:`Q4Linear`, :class:`Q8Linear`) instead of torch's.
+    (:class:`Q4Linear`, :class:`Q8Linear`) instead of torch's; ``requantize`` (drafts,
+    native, ``"int4+int8"``) rounds the tensors with no int4 form to 4 bits as well.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -229,7 +242,8 @@ def accelerate(
         ours = kernels.available() if native is None else native
         if ours and not kernels.available():
             raise RuntimeError("native kernels requested but not available here")
-        for name, layer in _convert(model, mode, gguf_path, cache_dir, report, ours).items():
+        converted = _convert(model, mode, gguf_path, cache_dir, report, ours, requantize)
+        for name, layer in converted.items():
             _set_submodule(model, name, layer)
             report.layers[type(layer).__name__] += 1
     if int4 if row_attention is None else row_attention:

@@ -389,7 +389,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--per-kind", type=int, default=None, help="prompts per kind (max 4)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--k", type=int, default=None,
-                        help="fixed draft length of the fixed rows (default: 3 on int4, else 4)")
+                        help="fixed draft length of the fixed rows (default: 4, or what one "
+                        "cheap verification holds if less)")
     parser.add_argument("--rows", default="", help="comma-separated substrings: run only these")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--accel", default="auto", choices=ACCELERATIONS,

@@ -197,6 +197,21 @@ class Q4Linear(_QuantizedLinear):
         return cls(codes.contiguous(), g.scale.half().contiguous(), g.offset.half().contiguous(),
                    _float_bias(bias))
 
+    @classmethod
+    def from_dense(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Q4Linear":
+        """Round a dense weight ``[N, K]`` to 4 bits per group of 32 (min/max affine).
+
+        For draft models only: a draft's numerics change its acceptance, never the output.
+        """
+        w = weight.detach().float().unflatten(-1, (-1, GROUP))  # [N, G, 32]
+        low, high = w.amin(-1), w.amax(-1)  # [N, G]
+        scale, offset = ((high - low) / 15).half(), low.half()  # what the kernel will use
+        step = scale.float().unsqueeze(-1)
+        q = torch.where(step > 0, (w - offset.float().unsqueeze(-1)) / step, 0.0)
+        groups = GroupQuant(q.round().clamp(0, 15).to(torch.uint8).flatten(1),
+                            scale.float(), offset.float())
+        return cls.from_groups(groups, bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = kernels.q4_linear(x, self.codes, self.scale, self.offset, self.bias)
         return y.to(x.dtype)

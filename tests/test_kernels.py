@@ -9,6 +9,7 @@ from gguf import GGMLQuantizationType as QuantType
 from gguf import quants
 
 from engine import kernels
+from engine.accelerate import accelerate, cache_path
 from engine.fastlinear import Int8Linear, Q4Linear, Q8Linear
 from engine.quant import GroupQuant, decode_int4
 from tests.test_quant import q4_k_blocks
@@ -145,3 +146,23 @@ def test_the_library_is_built_once_per_source(tmp_path: Path, monkeypatch: pytes
         assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary left
     finally:
         kernels.library.cache_clear()
+
+
+def test_from_dense_rounds_each_group_to_4_bits() -> None:
+    torch.manual_seed(3)
+    w = torch.randn(24, 128)
+    w[0, :32] = 0.5  # a constant group: zero step, held exactly
+    layer = Q4Linear.from_dense(w)
+    step = layer.scale.float().repeat_interleave(GROUP, dim=1)  # [N, K]
+    assert ((layer.dequantized() - w).abs() <= step / 2 + 2e-3 * w.abs().amax()).all()
+    assert torch.equal(layer.dequantized()[0, :32], w[0, :32])
+
+
+def test_a_requantized_draft_runs_every_layer_in_4_bits(tmp_path: Path) -> None:
+    from tests.test_fastlinear import gguf_model
+
+    model, path = gguf_model(tmp_path)
+    report = accelerate(model, path, "int4+int8", native=True, requantize=True,
+                        cache_dir=tmp_path / "cache")
+    assert set(report.layers) == {"Q4Linear"} and report.row_invariant
+    assert cache_path(tmp_path / "cache", "int4+int8", torch.float32, True, True).is_file()
