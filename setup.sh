@@ -32,34 +32,41 @@ ensure_venv() {
     .venv/bin/python -m pip install --quiet -e "$1"
 }
 
-ensure_test_tools() {
-    # Debian tools the tests use (the installer test's checkers; a C++ compiler to build
-    # llama-cpp-python); installed only when missing, only as root.
-    local missing=()
-    command -v c++ >/dev/null 2>&1 || missing+=(g++)
-    command -v desktop-file-validate >/dev/null 2>&1 || missing+=(desktop-file-utils)
-    command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
-    command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
+ensure_debs() {
+    # ensure_debs WHAT COMMAND:PACKAGE...: install the Debian packages whose command is
+    # missing, only as root (otherwise say what to install; the caller goes on without).
+    local what="$1" missing=() pair
+    shift
+    for pair in "$@"; do
+        command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
+    done
     if [ ${#missing[@]} -eq 0 ]; then
         return
     fi
     if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "== installing ${missing[*]} (Debian packages the tests use)"
+        echo "== installing ${missing[*]} ($what)"
         local apt=(apt-get install -y -qq --no-install-recommends "${missing[@]}")
         if ! DEBIAN_FRONTEND=noninteractive "${apt[@]}" >/dev/null 2>&1; then
             apt-get update -qq >/dev/null 2>&1 || true
             DEBIAN_FRONTEND=noninteractive "${apt[@]}" >/dev/null ||
-                echo "warning: could not install ${missing[*]}; the installer test's checks that need them skip"
+                echo "warning: could not install ${missing[*]} ($what)"
         fi
     else
-        echo "note: the installer test needs ${missing[*]}: sudo apt-get install ${missing[*]}" \
-            "(its checks that need them skip until then)"
+        echo "note: $what: sudo apt-get install ${missing[*]}"
     fi
+}
+
+build_kernels() {
+    # Our int4/int8 kernels are compiled once with the system C++ compiler (a few
+    # seconds); without one the engine runs torch's kernels, about 2x slower.
+    ensure_debs "a C++ compiler for ANVE's fast CPU kernels" c++:g++
+    .venv/bin/python -m engine.kernels || true
 }
 
 case "$mode" in
     run)
         ensure_venv "."
+        build_kernels
         echo "== installing the default models (Qwen2.5-Coder 1.5B + 0.5B, verified by SHA-256)"
         .venv/bin/python -m engine.models install appliance
         .venv/bin/python -m engine.models prepare appliance
@@ -69,8 +76,11 @@ case "$mode" in
         echo "== the test set-up includes llama-cpp-python[server] (a real llama.cpp server for" \
             "the foreign-engine tests): its first install compiles llama.cpp (about 12 minutes" \
             "on 2 cores); pip's wheel cache keeps the build"
-        ensure_test_tools
+        ensure_debs "the installer test's checkers; a compiler for llama-cpp-python" \
+            desktop-file-validate:desktop-file-utils systemd-analyze:systemd \
+            shellcheck:shellcheck c++:g++
         ensure_venv ".[dev,foreign]"
+        build_kernels
         echo "== installing the light model used by the tests"
         .venv/bin/python -m engine.models install light
         exec .venv/bin/python -m pytest -m "not slow" "$@"

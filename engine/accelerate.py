@@ -17,11 +17,12 @@ to the mode, and the same converted model then serves plain decoding and verific
 ==============  ==============================================================
 
 Where our kernels run (:mod:`engine.kernels`: AVX2 and a compiler), the int4 modes use
-:class:`Q4Linear` and :class:`Q8Linear` in place of :class:`Int4Linear` and
-:class:`Int8Linear`: the same weight forms on integer-dot kernels, 2-3x faster here,
-equally row-invariant. With ``requantize`` (draft models only: a draft's numerics move
-its acceptance, never the output) the tensors with no int4 form are rounded to 4 bits
-too (:meth:`Q4Linear.from_dense`), so a draft reads ~40 % fewer bytes per step.
+:class:`Q4Linear` (:class:`Q4KLinear` for Q4_K tensors: their exact integer form) and
+:class:`Q8Linear` in place of :class:`Int4Linear` and :class:`Int8Linear`: the same
+weight forms on integer-dot kernels, 2-3x faster here, equally row-invariant. With
+``requantize`` (draft models only: a draft's numerics move its acceptance, never the
+output) the tensors with no int4 form are rounded to 4 bits too
+(:meth:`Q4Linear.from_dense`), so a draft reads ~40 % fewer bytes per step.
 
 Int4 layers are built only where the decoded GGUF rows equal the loaded weight
 (sampled check), so a GGUF that is not the model's source falls back to dense layers.
@@ -43,16 +44,24 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from engine import kernels
-from engine.fastlinear import FastLinear, Int4Linear, Int8Linear, Q4Linear, Q8Linear
+from engine.fastlinear import (
+    FastLinear,
+    Int4Linear,
+    Int8Linear,
+    Q4KLinear,
+    Q4Linear,
+    Q8Linear,
+)
 from engine.invariant import use_row_attention
 from engine.quant import GGUFWeights, GroupQuant
 
 log = logging.getLogger(__name__)
 
 MODES: tuple[str, ...] = ("off", "fp32", "int4", "int4+int8")
-CACHE_FORMAT = 1
-_QUANT_LAYERS: dict[str, type[Int4Linear | Int8Linear | Q4Linear | Q8Linear]] = {
-    c.__name__: c for c in (Int4Linear, Int8Linear, Q4Linear, Q8Linear)
+CACHE_FORMAT = 2  # 2: Q4_K tensors as Q4KLinear on our kernels
+Q4K_INPUTS = 256  # a Q4_K super-block
+_QUANT_LAYERS: dict[str, type[Int4Linear | Int8Linear | Q4Linear | Q4KLinear | Q8Linear]] = {
+    c.__name__: c for c in (Int4Linear, Int8Linear, Q4Linear, Q4KLinear, Q8Linear)
 }
 
 
@@ -107,6 +116,8 @@ def _replacement(
     g = weights.int4(name) if weights is not None and name in weights.tensors else None
     if g is not None and g.shape == tuple(linear.weight.shape):
         if _matches(g, linear.weight):
+            if ours and g.superblocks is not None and linear.in_features % Q4K_INPUTS == 0:
+                return Q4KLinear.from_groups(g, linear.bias)
             return (Q4Linear if ours else Int4Linear).from_groups(g, linear.bias)
         log.warning("%s: GGUF codes do not match the loaded weight; kept dense", name)
         report.fallbacks.append(name)

@@ -28,7 +28,9 @@ Contract of the layers (each replaces one ``nn.Linear``; input ``[..., K]``, out
   float32 scale. Both round the activations to int8 per group of 32 inputs (one float
   scale each, as llama.cpp rounds activations for its quantized dot products): about
   0.5 % relative error on a layer's output, and every group's product is exact
-  integer arithmetic.
+  integer arithmetic. :class:`Q4KLinear` holds a Q4_K tensor exactly (its 6-bit
+  scales and mins, float32 ``d``/``dmin``) and rounds activations per 256 inputs,
+  as llama.cpp's Q4_K dot product does; fewer instructions per row than Q4Linear.
 
 Row independence: the four quantized layers give each output row the same bits
 whatever the number of rows (their kernels reduce each row on its own);
@@ -171,6 +173,12 @@ def _float_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
     return None if bias is None else bias.detach().to(torch.float32).contiguous().clone()
 
 
+def unpack_codes(codes: torch.Tensor) -> torch.Tensor:
+    """Our kernels' 4-bit layout ``[N, K / 2]`` -> codes ``[N, K / 32, 32]`` in input order."""
+    halves = (codes & 0x0F, codes >> 4)  # [N, K/2] each
+    return torch.cat([h.unflatten(-1, (-1, GROUP // 2)) for h in halves], dim=-1)
+
+
 class Q4Linear(_QuantizedLinear):
     """4-bit GGUF codes with float16 scale and offset per group of 32, on our kernel."""
 
@@ -218,14 +226,56 @@ class Q4Linear(_QuantizedLinear):
 
     def unpacked(self) -> torch.Tensor:
         """The codes ``[N, K / 32, 32]`` (uint8, 0..15) in input order."""
-        halves = (self.codes & 0x0F, self.codes >> 4)  # [N, K/2] each
-        return torch.cat([h.unflatten(-1, (-1, GROUP // 2)) for h in halves], dim=-1)
+        return unpack_codes(self.codes)
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight ``[N, K]`` this layer holds (for tests)."""
         q = self.unpacked().float()  # [N, G, 32]
         w = q * self.scale.float().unsqueeze(-1) + self.offset.float().unsqueeze(-1)
         return w.flatten(1)
+
+
+class Q4KLinear(_QuantizedLinear):
+    """A Q4_K tensor in its own integer form (exactly the GGUF's weights), on our kernel."""
+
+    BUFFERS = ("codes", "sc", "mn", "d", "dmin")
+    codes: torch.Tensor  # [N, K / 2] uint8, as Q4Linear's
+    sc: torch.Tensor  # [N, K / 32] int16, 6-bit scales
+    mn: torch.Tensor  # [N, K / 32] int16, 6-bit mins
+    d: torch.Tensor  # [N, K / 256] float32
+    dmin: torch.Tensor  # [N, K / 256] float32
+    bias: torch.Tensor | None  # [N] float32
+
+    def __init__(self, codes: torch.Tensor, sc: torch.Tensor, mn: torch.Tensor, d: torch.Tensor,
+                 dmin: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = codes.shape[0], codes.shape[1] * 2
+        for name, t in (("codes", codes), ("sc", sc), ("mn", mn), ("d", d), ("dmin", dmin)):
+            self.register_buffer(name, t)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_groups(cls, g: GroupQuant, bias: torch.Tensor | None = None) -> "Q4KLinear":
+        """From a decoded Q4_K tensor (one with ``g.superblocks``)."""
+        if g.superblocks is None:
+            raise ValueError("Q4KLinear needs a Q4_K tensor's super-block factors")
+        b = g.superblocks
+        codes = Q4Linear.from_groups(g).codes
+        return cls(codes, b.sc.contiguous(), b.mn.contiguous(), b.d.float().contiguous(),
+                   b.dmin.float().contiguous(), _float_bias(bias))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = kernels.q4k_linear(x, self.codes, self.sc, self.mn, self.d, self.dmin, self.bias)
+        return y.to(x.dtype)
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weight ``[N, K]``, computed as gguf-py does (for tests)."""
+        groups = self.sc.shape[1] // self.d.shape[1]  # 8 groups of 32 per super-block
+        d = self.d.repeat_interleave(groups, dim=1)  # [N, G]
+        dmin = self.dmin.repeat_interleave(groups, dim=1)
+        scale, offset = d * self.sc.float(), -(dmin * self.mn.float())  # [N, G]
+        q = unpack_codes(self.codes).float()  # [N, G, 32]
+        return (q * scale.unsqueeze(-1) + offset.unsqueeze(-1)).flatten(1)
 
 
 class Q8Linear(_QuantizedLinear):

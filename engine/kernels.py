@@ -5,7 +5,8 @@ FMA and F16C, and a C++ compiler the first time); :func:`q4_linear` and
 :func:`q8_linear` compute a linear layer from 4-bit or int8 weight codes with the
 activations rounded to int8 per group of 32, and each output row is bit-identical
 whatever the number of rows (see the C++ file). When the kernels cannot run, the
-caller keeps torch's own kernels; nothing else changes.
+caller keeps torch's own kernels; nothing else changes. :func:`q4k_linear` runs Q4_K
+tensors in their own integer form (activations rounded per 256 inputs, as llama.cpp).
 
 The shared library is compiled with the system ``c++`` into the user cache folder
 (``~/.cache/anve/kernels``, or ``ANVE_KERNEL_DIR``), named by a hash of the source and
@@ -80,6 +81,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.anve_q4_linear.restype = None
     lib.anve_q8_linear.argtypes = [_P, _I, _I, _P, _P, _P, _P, _I]
     lib.anve_q8_linear.restype = None
+    lib.anve_q4k_linear.argtypes = [_P, _I, _I, _P, _P, _P, _P, _P, _P, _P, _I]
+    lib.anve_q4k_linear.restype = None
     return lib
 
 
@@ -107,6 +110,13 @@ def available() -> bool:
     return library() is not None
 
 
+def _library_or_raise() -> ctypes.CDLL:
+    lib = library()
+    if lib is None:
+        raise RuntimeError("the native kernels are not available")
+    return lib
+
+
 def _prepare(x: torch.Tensor, k: int) -> tuple[torch.Tensor, int]:
     x2 = x.reshape(-1, k).to(torch.float32).contiguous()  # [M, K]
     return x2, x2.shape[0]
@@ -120,9 +130,7 @@ def q4_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset:
               bias: torch.Tensor | None) -> torch.Tensor:
     """``x [..., K] @ W.T (+ bias)`` with W given as q4 codes ``[N, K/2]``, fp16 scale/offset
     ``[N, K/32]``; bias float32 ``[N]``. Returns float32 ``[..., N]``."""
-    lib = library()
-    if lib is None:
-        raise RuntimeError("the native kernels are not available")
+    lib = _library_or_raise()
     n, k = codes.shape[0], codes.shape[1] * 2
     x2, m = _prepare(x, k)
     y = torch.empty(m, n, dtype=torch.float32)  # [M, N]
@@ -131,16 +139,41 @@ def q4_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset:
     return y.reshape(*x.shape[:-1], n)
 
 
+def q4k_linear(x: torch.Tensor, codes: torch.Tensor, sc: torch.Tensor, mn: torch.Tensor,
+               d: torch.Tensor, dmin: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x [..., K] @ W.T (+ bias)`` with W in Q4_K form: q4 codes ``[N, K/2]``, int16
+    ``sc``/``mn`` ``[N, K/32]``, float32 ``d``/``dmin`` ``[N, K/256]``. Float32 out."""
+    lib = _library_or_raise()
+    n, k = codes.shape[0], codes.shape[1] * 2
+    x2, m = _prepare(x, k)
+    y = torch.empty(m, n, dtype=torch.float32)  # [M, N]
+    lib.anve_q4k_linear(x2.data_ptr(), m, k, codes.data_ptr(), sc.data_ptr(), mn.data_ptr(),
+                        d.data_ptr(), dmin.data_ptr(), _ptr(bias), y.data_ptr(), n)
+    return y.reshape(*x.shape[:-1], n)
+
+
 def q8_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor,
               bias: torch.Tensor | None) -> torch.Tensor:
     """``x [..., K] @ W.T (+ bias)`` with W given as int8 codes ``[N, K]`` times a float32
     per-row ``scale [N]``; bias float32 ``[N]``. Returns float32 ``[..., N]``."""
-    lib = library()
-    if lib is None:
-        raise RuntimeError("the native kernels are not available")
+    lib = _library_or_raise()
     n, k = codes.shape
     x2, m = _prepare(x, k)
     y = torch.empty(m, n, dtype=torch.float32)  # [M, N]
     lib.anve_q8_linear(x2.data_ptr(), m, k, codes.data_ptr(), scale.data_ptr(), _ptr(bias),
                        y.data_ptr(), n)
     return y.reshape(*x.shape[:-1], n)
+
+
+def main() -> int:
+    """``python -m engine.kernels``: build the kernels now and say whether they run here."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if library() is None:
+        log.warning("native kernels: not available here (torch's kernels will be used)")
+        return 1
+    log.info("native kernels: ready (%s)", library_path())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

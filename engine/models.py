@@ -118,7 +118,7 @@ def efficient_rows(layers: Counter[str]) -> int | None:
     """How many tokens one verification can hold at about one pass over the weights."""
     if layers.get("Int4Linear"):
         return INT4_EFFICIENT_ROWS
-    if layers.get("Q4Linear") or layers.get("Q8Linear"):
+    if layers.get("Q4Linear") or layers.get("Q4KLinear") or layers.get("Q8Linear"):
         return NATIVE_EFFICIENT_ROWS
     return None
 

@@ -43,15 +43,33 @@ PERMUTED_ARCHS = frozenset({"llama"})  # transformers' LlamaTensorProcessor
 
 
 @dataclass(frozen=True)
+class SuperBlocks:
+    """Q4_K's own factors: per 256 inputs ``d`` and ``dmin``, per 32 a 6-bit scale and min.
+
+    ``scale = d * sc`` and ``offset = -(dmin * mn)`` of the 32-group (float32 products).
+    """
+
+    d: torch.Tensor  # [N, K // 256] float32
+    dmin: torch.Tensor  # [N, K // 256] float32
+    sc: torch.Tensor  # [N, K // 32] int16, 0..63
+    mn: torch.Tensor  # [N, K // 32] int16, 0..63
+
+    def permute_rows(self, perm: torch.Tensor) -> "SuperBlocks":
+        return SuperBlocks(self.d[perm], self.dmin[perm], self.sc[perm], self.mn[perm])
+
+
+@dataclass(frozen=True)
 class GroupQuant:
     """4-bit codes with one float32 scale and offset per group of 32 inputs.
 
-    ``w[n, k] = q[n, k] * scale[n, k // 32] + offset[n, k // 32]``.
+    ``w[n, k] = q[n, k] * scale[n, k // 32] + offset[n, k // 32]``. Q4_K tensors also
+    carry their integer structure (``superblocks``), which integer kernels use.
     """
 
     q: torch.Tensor  # [N, K] uint8, values 0..15
     scale: torch.Tensor  # [N, K // 32] float32
     offset: torch.Tensor  # [N, K // 32] float32
+    superblocks: SuperBlocks | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -66,7 +84,8 @@ class GroupQuant:
 
     def permute_rows(self, perm: torch.Tensor) -> "GroupQuant":
         """The same weight with output rows reordered: row ``i`` becomes ``perm[i]``'s."""
-        return GroupQuant(self.q[perm], self.scale[perm], self.offset[perm])
+        blocks = None if self.superblocks is None else self.superblocks.permute_rows(perm)
+        return GroupQuant(self.q[perm], self.scale[perm], self.offset[perm], blocks)
 
     def kernel_scale_zero(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Scale and zero for a kernel computing ``(q - 8) * scale + zero``: ``[N, G]`` each."""
@@ -127,7 +146,9 @@ def decode_q4_k(data: np.ndarray, n: int, k: int) -> GroupQuant:
     scale = (d.unsqueeze(-1) * sc.float()).reshape(n, k // GROUP)  # [N, K/32]
     offset = -(dmin.unsqueeze(-1) * mn.float()).reshape(n, k // GROUP)  # [N, K/32]
     q = _nibbles(b[..., 16:], 32).reshape(n, k)  # [N, K]
-    return GroupQuant(q, scale, offset)
+    blocks = SuperBlocks(d, dmin, sc.to(torch.int16).reshape(n, k // GROUP),
+                         mn.to(torch.int16).reshape(n, k // GROUP))
+    return GroupQuant(q, scale, offset, blocks)
 
 
 INT4_DECODERS = {

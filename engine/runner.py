@@ -1,9 +1,10 @@
 """One model, its KV cache, and the token ids that cache covers.
 
 The runner is the only place that calls a model's forward. It keeps a transformers
-``DynamicCache`` across calls and the list of ids the cache holds, so callers roll
-back by cropping (``truncate``) and reuse a shared prefix (``sync``) instead of ever
-slicing cache tensors by hand. The engine knows only token ids.
+``DynamicCache`` (growing in place, :mod:`engine.kvcache`) across calls and the list
+of ids the cache holds, so callers roll back by cropping (``truncate``) and reuse a
+shared prefix (``sync``) instead of ever slicing cache tensors by hand. The engine
+knows only token ids.
 
 With ``keep_hidden(True)`` the runner also keeps, for every cached position, the
 target's final normed hidden state (the feature that feeds ``lm_head``), which EAGLE
@@ -14,7 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers import DynamicCache
+
+from engine.kvcache import growing_cache
 
 PREFILL_CHUNK = 512  # tokens per forward when filling the cache with a long prompt
 
@@ -25,7 +27,7 @@ class ModelRunner:
     def __init__(self, model: Any) -> None:
         self.model = model
         self.ids: list[int] = []
-        self.cache = DynamicCache(config=model.config)
+        self.cache = growing_cache(model.config)
         self.hidden: torch.Tensor | None = None  # [len(ids), H] while keeping features
 
     def __len__(self) -> int:
@@ -50,7 +52,7 @@ class ModelRunner:
 
     def reset(self) -> None:
         self.ids = []
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = growing_cache(self.model.config)
         if self.hidden is not None:
             self.hidden = self.hidden[:0]
 

@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
 from engine import kernels
-from engine.accelerate import accelerate, cache_path, model_bytes
+from engine.accelerate import AccelerationReport, accelerate, cache_path, model_bytes
 from engine.fastlinear import SMALL_ROWS, FastLinear, Int4Linear, Int8Linear, Q4Linear
 from engine.quant import decode_int4
 from engine.runner import ModelRunner
@@ -122,6 +122,10 @@ def test_modes_are_checked() -> None:
     assert accelerate(model, None, "off").weight_bytes == before
 
 
+def int4_layers(report: AccelerationReport) -> int:
+    return sum(report.layers[k] for k in ("Int4Linear", "Q4Linear", "Q4KLinear"))
+
+
 def wide_model(kind: str = "llama") -> nn.Module:
     """A 2-layer llama or qwen2 wide enough (K = 256, 512) for Q4_K super-blocks."""
     torch.manual_seed(0)
@@ -185,15 +189,18 @@ def test_int4_mode_runs_the_gguf_codes_close_to_the_dense_model(
     with torch.no_grad():
         reference = model(x).logits
     report = accelerate(model, path, mode, native=native)
-    int4, int8 = ("Q4Linear", "Q8Linear") if native else ("Int4Linear", "Int8Linear")
-    assert report.layers[int4] == 5 and not report.fallbacks
+    int8 = "Q8Linear" if native else "Int8Linear"
+    assert int4_layers(report) == 5 and not report.fallbacks
+    if native:  # the three Q4_K tensors in their own integer form
+        assert report.layers["Q4KLinear"] == 3
     rest = int8 if mode == "int4+int8" else "FastLinear"
     assert report.layers[rest] == 2 * 7 + 1 - 5
     layer = model.get_submodule("model.layers.0.self_attn.q_proj")
     assert isinstance(layer, Q4Linear if native else Int4Linear)
     assert model.get_output_embeddings().weight.shape == (320, 256)  # shape-only stand-in
+    # bfloat16 activations (torch's kernels) or 8-bit ones per 32/256 inputs (ours)
     with torch.no_grad():
-        assert relative_error(model(x).logits, reference) < 2e-2
+        assert relative_error(model(x).logits, reference) < (3e-2 if native else 2e-2)
 
 
 @pytest.mark.parametrize("native", NATIVE)
@@ -225,7 +232,7 @@ def test_int4_mode_keeps_a_layer_dense_when_the_codes_do_not_match(
     report = accelerate(model, path, "int4", native=native)
     assert report.fallbacks == ["model.layers.0.mlp.up_proj"]
     assert isinstance(model.get_submodule("model.layers.0.mlp.up_proj"), FastLinear)
-    assert report.layers["Q4Linear" if native else "Int4Linear"] == 4
+    assert int4_layers(report) == 4
 
 
 @pytest.mark.model

@@ -10,7 +10,7 @@ from gguf import quants
 
 from engine import kernels
 from engine.accelerate import accelerate, cache_path
-from engine.fastlinear import Int8Linear, Q4Linear, Q8Linear
+from engine.fastlinear import Int8Linear, Q4KLinear, Q4Linear, Q8Linear, unpack_codes
 from engine.quant import GroupQuant, decode_int4
 from tests.test_quant import q4_k_blocks
 
@@ -164,5 +164,45 @@ def test_a_requantized_draft_runs_every_layer_in_4_bits(tmp_path: Path) -> None:
     model, path = gguf_model(tmp_path)
     report = accelerate(model, path, "int4+int8", native=True, requantize=True,
                         cache_dir=tmp_path / "cache")
-    assert set(report.layers) == {"Q4Linear"} and report.row_invariant
+    assert set(report.layers) == {"Q4Linear", "Q4KLinear"} and report.row_invariant
     assert cache_path(tmp_path / "cache", "int4+int8", torch.float32, True, True).is_file()
+
+
+def q4k_reference(x: torch.Tensor, layer: Q4KLinear) -> torch.Tensor:
+    """What the q4k kernel computes: activations rounded per 256, exact group products."""
+    g = x.float().unflatten(-1, (-1, 256))  # [M, S, 256]
+    dx = g.abs().amax(-1) / 127.0  # [M, S]
+    inv = torch.where(dx > 0, 1.0 / dx, torch.zeros_like(dx))
+    codes = torch.round(g * inv.unsqueeze(-1)).double().unflatten(-1, (8, GROUP))  # [M,S,8,32]
+    q = unpack_codes(layer.codes).double().unflatten(1, (-1, 8))  # [N, S, 8, 32]
+    sc = layer.sc.double().unflatten(1, (-1, 8))  # [N, S, 8]
+    mn = layer.mn.double().unflatten(1, (-1, 8))
+    dots = torch.einsum("msjk,nsjk->mnsj", codes, q)  # [M, N, S, 8] exact
+    scaled = (dots * sc).sum(-1) * layer.d.double() * dx.double()[:, None]  # [M, N, S]
+    mins = (codes.sum(-1)[:, None] * mn).sum(-1) * layer.dmin.double() * dx.double()[:, None]
+    y = (scaled - mins).sum(-1)
+    return y if layer.bias is None else y + layer.bias.double()
+
+
+@pytest.mark.parametrize(("n", "k", "bias"), [(64, 256, False), (37, 1536, True)])
+def test_q4k_kernel_matches_the_reference_and_holds_the_gguf_weight(
+    n: int, k: int, bias: bool
+) -> None:
+    torch.manual_seed(4)
+    data = q4_k_blocks(n, k)
+    g = decode_int4(data, QuantType.Q4_K, n, k)
+    layer = Q4KLinear.from_groups(g, torch.randn(n) if bias else None)
+    exact = torch.from_numpy(quants.dequantize(data, QuantType.Q4_K))
+    assert torch.equal(layer.dequantized(), exact)
+    x = torch.randn(11, k) * 3
+    y = layer(x)
+    assert close(y, q4k_reference(x, layer))
+    for m in range(1, 11):  # 4 rows per pass: every split gives the same rows
+        assert torch.equal(layer(x[:m]), y[:m])
+
+
+def test_q4k_needs_super_blocks() -> None:
+    w = torch.randn(16, 256).numpy() * 0.05
+    data = quants.quantize(w, QuantType.Q4_1)
+    with pytest.raises(ValueError, match="super-block"):
+        Q4KLinear.from_groups(decode_int4(data, QuantType.Q4_1, 16, 256))

@@ -11,6 +11,10 @@
 //   q4: 4-bit codes 0..15, 16 bytes per group of 32 (byte j: element j in the low
 //       nibble, element 16 + j in the high one), and per group a float16 scale and
 //       float16 offset (two [N, K / 32] arrays): w = code * scale + offset.
+//   q4k: Q4_K's own form, the same 4-bit code layout, and per 256 inputs float32 d and
+//       dmin, per 32 a 6-bit scale sc and min mn (int16 each): w = d*sc*code - dmin*mn.
+//       Its activations are rounded per 256 inputs instead (as llama.cpp's Q8_K), so
+//       the 32-groups of a super-block sum in integers: fewer instructions per row.
 //   q8: int8 codes per output row with one float scale: w = code * scale.
 // Threads: OpenMP over output features (the process's one OpenMP runtime, torch's).
 
@@ -112,6 +116,90 @@ void q4_rows(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *sc
     }
 }
 
+constexpr int SUPER = 256;  // inputs per Q4_K super-block
+
+struct QuantRows256 {
+    int8_t *codes;  // [M, K]
+    float *scale;   // [M, K / 256], dx per super-block
+    int16_t *bsum;  // [M, K / 32], sum of each 32-group's codes
+};
+
+void quantize_rows_256(const float *x, int M, int K, QuantRows256 q) {
+    const int S = K / SUPER;
+#pragma omp parallel for schedule(static)
+    for (int ms = 0; ms < M * S; ++ms) {
+        const float *src = x + (int64_t)ms * SUPER;
+        int8_t *dst = q.codes + (int64_t)ms * SUPER;
+        float amax = 0.0f;
+        for (int i = 0; i < SUPER; ++i) amax = fmaxf(amax, fabsf(src[i]));
+        const float d = amax / 127.0f;
+        const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+        for (int j = 0; j < SUPER / GROUP; ++j) {
+            int total = 0;
+            for (int i = j * GROUP; i < (j + 1) * GROUP; ++i) {
+                const int c = (int)nearbyintf(src[i] * inv);
+                dst[i] = (int8_t)c;
+                total += c;
+            }
+            q.bsum[(int64_t)ms * (SUPER / GROUP) + j] = (int16_t)total;
+        }
+        q.scale[ms] = d;
+    }
+}
+
+inline int hsum_epi32(__m128i v) {
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2)));
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(v);
+}
+
+struct Q4KWeights {
+    const uint8_t *codes;  // [N, K / 2]
+    const int16_t *sc;     // [N, K / 32]
+    const int16_t *mn;     // [N, K / 32]
+    const float *d;        // [N, K / 256]
+    const float *dmin;     // [N, K / 256]
+};
+
+template <int M>
+void q4k_rows(const QuantRows256 xq, int K, const Q4KWeights w, const float *bias, float *y,
+              int N, int n0, int n1) {
+    const int S = K / SUPER, G = K / GROUP;
+    for (int n = n0; n < n1; ++n) {
+        __m256 acc[M];
+        float corr[M];
+        for (int m = 0; m < M; ++m) {
+            acc[m] = _mm256_setzero_ps();
+            corr[m] = 0.0f;
+        }
+        for (int sb = 0; sb < S; ++sb) {
+            __m256i iacc[M];
+            for (int m = 0; m < M; ++m) iacc[m] = _mm256_setzero_si256();
+            for (int j = 0; j < SUPER / GROUP; ++j) {
+                const int64_t g = (int64_t)n * G + sb * (SUPER / GROUP) + j;
+                const __m256i wq = unpack_q4(w.codes + g * (GROUP / 2));
+                const __m256i scale = _mm256_set1_epi16(w.sc[g]);
+                const int64_t k0 = (int64_t)sb * SUPER + j * GROUP;
+                for (int m = 0; m < M; ++m) {
+                    const __m256i x = _mm256_loadu_si256((const __m256i *)(xq.codes + m * (int64_t)K + k0));
+                    const __m256i p16 = _mm256_maddubs_epi16(wq, x);
+                    iacc[m] = _mm256_add_epi32(iacc[m], _mm256_madd_epi16(p16, scale));
+                }
+            }
+            const __m128i mins = _mm_loadu_si128((const __m128i *)(w.mn + (int64_t)n * G + sb * 8));
+            const float d = w.d[(int64_t)n * S + sb], dmin = w.dmin[(int64_t)n * S + sb];
+            for (int m = 0; m < M; ++m) {
+                const float dx = xq.scale[(int64_t)m * S + sb];
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[m]), _mm256_set1_ps(d * dx), acc[m]);
+                const __m128i bs = _mm_loadu_si128((const __m128i *)(xq.bsum + (int64_t)m * G + sb * 8));
+                corr[m] = fmaf(dmin * dx, (float)hsum_epi32(_mm_madd_epi16(mins, bs)), corr[m]);
+            }
+        }
+        const float b = bias ? bias[n] : 0.0f;
+        for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = (hsum(acc[m]) - corr[m]) + b;
+    }
+}
+
 template <int M>
 void q8_rows(const QuantRows xq, int K, const int8_t *codes, const float *scale,
              const float *bias, float *y, int N, int n0, int n1) {
@@ -137,34 +225,50 @@ void q8_rows(const QuantRows xq, int K, const int8_t *codes, const float *scale,
     }
 }
 
-template <typename Kernel>
-void over_rows(int M, int N, int K, float *y, QuantRows xq, Kernel kernel) {
-    const int G = K / GROUP;
+QuantRows rows_from(const QuantRows &q, int m0, int K) {
+    const int64_t G = K / GROUP;
+    return {q.codes + m0 * (int64_t)K, q.scale + m0 * G, q.sum + m0 * G};
+}
+
+QuantRows256 rows_from(const QuantRows256 &q, int m0, int K) {
+    return {q.codes + m0 * (int64_t)K, q.scale + m0 * (int64_t)(K / SUPER),
+            q.bsum + m0 * (int64_t)(K / GROUP)};
+}
+
+// Runs kernel(rows in this pass, those rows, their output, n0, n1) over tiles of output
+// features. Each tile meets every row while its weights are in cache: the weights
+// stream from memory once per call however many rows there are.
+template <int CHUNK, typename Rows, typename Kernel>
+void over_rows(int M, int N, int K, float *y, Rows xq, Kernel kernel) {
     constexpr int TILE = 16;  // output features per scheduled chunk
-    for (int m0 = 0; m0 < M; m0 += MAX_M) {
-        const int mm = M - m0 < MAX_M ? M - m0 : MAX_M;
-        const QuantRows part = {xq.codes + (int64_t)m0 * K, xq.scale + (int64_t)m0 * G,
-                                xq.sum + (int64_t)m0 * G};
-        float *out = y + (int64_t)m0 * N;
 #pragma omp parallel for schedule(static)
-        for (int t = 0; t < (N + TILE - 1) / TILE; ++t) {
-            const int n0 = t * TILE, n1 = n0 + TILE < N ? n0 + TILE : N;
-            kernel(mm, part, out, n0, n1);
+    for (int t = 0; t < (N + TILE - 1) / TILE; ++t) {
+        const int n0 = t * TILE, n1 = n0 + TILE < N ? n0 + TILE : N;
+        for (int m0 = 0; m0 < M; m0 += CHUNK) {
+            const int mm = M - m0 < CHUNK ? M - m0 : CHUNK;
+            kernel(mm, rows_from(xq, m0, K), y + (int64_t)m0 * N, n0, n1);
         }
     }
 }
 
+// One allocation for the rounded activations: codes [M, K], then 2 * M * K / 32 floats.
 struct Scratch {
-    QuantRows rows;
-    void *block;
+    char *block;
+    int64_t codes_bytes;
     Scratch(int M, int K) {
-        const int64_t G = K / GROUP;
-        block = aligned_alloc(64, (size_t)(((int64_t)M * K + 63) / 64 * 64 + 2 * M * G * 4 + 64));
-        rows.codes = (int8_t *)block;
-        rows.scale = (float *)((char *)block + ((int64_t)M * K + 63) / 64 * 64);
-        rows.sum = rows.scale + M * G;
+        codes_bytes = ((int64_t)M * K + 63) / 64 * 64;
+        const int64_t extra = 2 * (int64_t)M * (K / GROUP) * 4;
+        block = (char *)aligned_alloc(64, (size_t)((codes_bytes + extra + 63) / 64 * 64));
     }
     ~Scratch() { free(block); }
+    QuantRows rows(int M, int K) const {
+        float *scale = (float *)(block + codes_bytes);
+        return {(int8_t *)block, scale, scale + (int64_t)M * (K / GROUP)};
+    }
+    QuantRows256 rows256(int M, int K) const {
+        float *scale = (float *)(block + codes_bytes);
+        return {(int8_t *)block, scale, (int16_t *)(scale + (int64_t)M * (K / SUPER))};
+    }
 };
 
 }  // namespace
@@ -181,16 +285,25 @@ struct Scratch {
         default: FN<8>(__VA_ARGS__); break;        \
     }
 
+#define DISPATCH4(FN, ...)                         \
+    switch (mm) {                                  \
+        case 1: FN<1>(__VA_ARGS__); break;         \
+        case 2: FN<2>(__VA_ARGS__); break;         \
+        case 3: FN<3>(__VA_ARGS__); break;         \
+        default: FN<4>(__VA_ARGS__); break;        \
+    }
+
 extern "C" {
 
-int anve_qdot_version(void) { return 1; }
+int anve_qdot_version(void) { return 2; }
 
 // y[M, N] = x[M, K] . W^T (+ bias), W in q4 form; K a multiple of 32.
 void anve_q4_linear(const float *x, int M, int K, const uint8_t *codes, const uint16_t *scale,
                     const uint16_t *offset, const float *bias, float *y, int N) {
     Scratch scratch(M, K);
-    quantize_rows(x, M, K, scratch.rows);
-    over_rows(M, N, K, y, scratch.rows, [&](int mm, QuantRows xq, float *out, int n0, int n1) {
+    const QuantRows rows = scratch.rows(M, K);
+    quantize_rows(x, M, K, rows);
+    over_rows<MAX_M>(M, N, K, y, rows, [&](int mm, QuantRows xq, float *out, int n0, int n1) {
         DISPATCH(q4_rows, xq, K, codes, scale, offset, bias, out, N, n0, n1)
     });
 }
@@ -199,9 +312,24 @@ void anve_q4_linear(const float *x, int M, int K, const uint8_t *codes, const ui
 void anve_q8_linear(const float *x, int M, int K, const int8_t *codes, const float *scale,
                     const float *bias, float *y, int N) {
     Scratch scratch(M, K);
-    quantize_rows(x, M, K, scratch.rows);
-    over_rows(M, N, K, y, scratch.rows, [&](int mm, QuantRows xq, float *out, int n0, int n1) {
+    const QuantRows rows = scratch.rows(M, K);
+    quantize_rows(x, M, K, rows);
+    over_rows<MAX_M>(M, N, K, y, rows, [&](int mm, QuantRows xq, float *out, int n0, int n1) {
         DISPATCH(q8_rows, xq, K, codes, scale, bias, out, N, n0, n1)
+    });
+}
+
+// y[M, N] = x[M, K] . W^T (+ bias), W in q4k form; K a multiple of 256.
+void anve_q4k_linear(const float *x, int M, int K, const uint8_t *codes, const int16_t *sc,
+                     const int16_t *mn, const float *d, const float *dmin, const float *bias,
+                     float *y, int N) {
+    Scratch scratch(M, K);
+    const QuantRows256 rows = scratch.rows256(M, K);
+    quantize_rows_256(x, M, K, rows);
+    const Q4KWeights w = {codes, sc, mn, d, dmin};
+    // 4 rows per pass: two accumulators per row stay in the 16 vector registers.
+    over_rows<4>(M, N, K, y, rows, [&](int mm, QuantRows256 xq, float *out, int n0, int n1) {
+        DISPATCH4(q4k_rows, xq, K, w, bias, out, N, n0, n1)
     });
 }
 

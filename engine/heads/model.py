@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel
 
+from engine.kvcache import growing_cache
+
 
 @dataclass(frozen=True)
 class HeadConfig:
@@ -71,7 +73,7 @@ class EagleHead(nn.Module):
         self.decoder = LlamaModel(config.llama_config())
 
     def new_cache(self) -> DynamicCache:
-        return DynamicCache(config=self.decoder.config)
+        return growing_cache(self.decoder.config)
 
     def forward(
         self, features: torch.Tensor, embeds: torch.Tensor, cache: DynamicCache | None = None

@@ -309,6 +309,10 @@ say "installing ANVE and its pinned dependencies (torch 2.13.0 CPU; several minu
 "${pip_install[@]}" --constraint "$src/installer/constraints.txt" "${wheel[0]}" ||
     die "installing ANVE into $venv failed (see pip's message above)" \
         "fix the cause and run the installer again: it picks up where it stopped"
+say "building ANVE's fast CPU kernels (a few seconds with a C++ compiler)"
+"$venv/bin/python" -m engine.kernels >/dev/null 2>&1 ||
+    note "no C++ compiler here: ANVE runs torch's kernels, about 2x slower" \
+        "(Debian/Ubuntu: sudo apt install g++, then run the installer again)"
 install -Dm755 "$src/installer/linux/uninstall.sh" "$venv/share/anve/uninstall.sh"
 {
     echo "# The choices of the last install.sh run; the next run keeps them unless told otherwise."

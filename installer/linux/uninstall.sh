@@ -104,7 +104,8 @@ for cmd in anve anve-worker; do
 done
 
 say "removing the program files"
-remove "$venv"
+remove "$venv" "${XDG_CACHE_HOME:-$HOME/.cache}/anve/kernels"
+rmdir "${XDG_CACHE_HOME:-$HOME/.cache}/anve" 2>/dev/null || true
 
 if [[ $purge -eq 1 ]]; then
     say "purging the history, the models and the settings (--purge)"

@@ -1,0 +1,78 @@
+"""A transformers KV cache that grows in place instead of concatenating every step.
+
+Contract: :func:`growing_cache` returns a ``DynamicCache`` whose full-attention layers
+keep keys and values in buffers with spare room (capacity doubles when full), so a
+decoding step writes its new positions instead of copying the whole cache, and
+``crop`` only moves the length back. Callers see what ``DynamicCache`` gives: ``keys``
+and ``values`` are ``[B, H, length, Dh]`` (views of the buffers), the same numbers in
+the same layout. Sliding-window layers keep transformers' own class.
+"""
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+MIN_CAPACITY = 256  # positions allocated at first use
+
+
+class GrowingLayer(DynamicLayer):
+    """A full-attention cache layer over preallocated, growable buffers."""
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._key_buf: torch.Tensor | None = None  # [B, H, capacity, Dh]
+        self._value_buf: torch.Tensor | None = None
+        self._length = 0
+
+    def _reserve(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
+        capacity = 0 if self._key_buf is None else self._key_buf.shape[-2]
+        if needed <= capacity:
+            return
+        size = max(needed, 2 * capacity, MIN_CAPACITY)
+        key_buf = key_states.new_empty((*key_states.shape[:-2], size, key_states.shape[-1]))
+        value_buf = value_states.new_empty((*value_states.shape[:-2], size, value_states.shape[-1]))
+        if self._length:
+            key_buf[..., : self._length, :] = self.keys
+            value_buf[..., : self._length, :] = self.values
+        self._key_buf, self._value_buf = key_buf, value_buf
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start, new = self._length, key_states.shape[-2]
+        self._reserve(key_states, value_states, start + new)
+        assert self._key_buf is not None and self._value_buf is not None
+        self._key_buf[..., start : start + new, :] = key_states
+        self._value_buf[..., start : start + new, :] = value_states
+        self._set_length(start + new)
+        return self.keys, self.values
+
+    def _set_length(self, length: int) -> None:
+        assert self._key_buf is not None and self._value_buf is not None
+        self._length = length
+        self.keys = self._key_buf[..., :length, :]  # [B, H, length, Dh]
+        self.values = self._value_buf[..., :length, :]
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes the negative number of positions to remove")
+        if tokens_to_remove == 0 or not self.is_initialized or self._key_buf is None:
+            return
+        self._set_length(max(0, self._length + tokens_to_remove))
+
+    def reset(self) -> None:
+        self._key_buf = self._value_buf = None
+        self._length = 0
+        super().reset()
+
+
+def growing_cache(config: Any) -> DynamicCache:
+    """A ``DynamicCache`` for ``config`` with :class:`GrowingLayer` full-attention layers."""
+    cache = DynamicCache(config=config)
+    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer
+                    for layer in cache.layers]
+    return cache
