@@ -16,7 +16,9 @@ from typing import Any
 
 import torch
 
+from engine.invariant import MAX_ROWS
 from engine.kvcache import growing_cache
+from engine.lean import lean_step
 
 PREFILL_CHUNK = 512  # tokens per forward when filling the cache with a long prompt
 
@@ -29,6 +31,7 @@ class ModelRunner:
         self.ids: list[int] = []
         self.cache = growing_cache(model.config)
         self.hidden: torch.Tensor | None = None  # [len(ids), H] while keeping features
+        self.lean = lean_step(model)  # short forwards without transformers' plumbing
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -72,16 +75,20 @@ class ModelRunner:
 
         Returns: ``[rows, V]`` float logits.
         """
-        x = torch.tensor([list(new_ids)], dtype=torch.long)  # [1, T]
+        ids = [int(t) for t in new_ids]
         keep = self.hidden is not None
-        out = self.model(
-            input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=rows,
-            output_hidden_states=keep,
-        )
-        self.ids.extend(int(t) for t in new_ids)
-        if self.hidden is not None:
-            self.hidden = torch.cat([self.hidden, out.hidden_states[-1][0]])  # [len(ids), H]
-        return out.logits[0]  # [rows, V]
+        if self.lean is not None and len(ids) <= MAX_ROWS:
+            logits, hidden = self.lean.step(ids, self.cache, rows, keep)
+        else:
+            out = self.model(
+                input_ids=torch.tensor([ids], dtype=torch.long), cache=self.cache,
+                use_cache=True, logits_to_keep=rows, output_hidden_states=keep,
+            )
+            logits, hidden = out.logits, (out.hidden_states[-1] if keep else None)
+        self.ids.extend(ids)
+        if self.hidden is not None and hidden is not None:
+            self.hidden = torch.cat([self.hidden, hidden[0]])  # [len(ids), H]
+        return logits[0]  # [rows, V]
 
     def sync(self, ids: Sequence[int]) -> torch.Tensor | None:
         """Make the cache hold exactly ``ids``, reusing the shared prefix.
