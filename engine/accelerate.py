@@ -18,8 +18,9 @@ to the mode, and the same converted model then serves plain decoding and verific
 
 Where our kernels run (:mod:`engine.kernels`: AVX2 and a compiler), the int4 modes use
 :class:`Q4Linear` (:class:`Q4KLinear` for Q4_K tensors: their exact integer form) and
-:class:`Q8Linear` in place of :class:`Int4Linear` and :class:`Int8Linear`: the same
-weight forms on integer-dot kernels, 2-3x faster here, equally row-invariant. With
+:class:`Q8Linear` in place of :class:`Int4Linear` and :class:`Int8Linear`, and Q6_K
+tensors run exactly as :class:`Q6KLinear`: integer-dot kernels, 2-3x faster here,
+equally row-invariant. With
 ``requantize`` (draft models only: a draft's numerics move its acceptance, never the
 output) the tensors with no int4 form are rounded to 4 bits too
 (:meth:`Q4Linear.from_dense`), so a draft reads ~40 % fewer bytes per step.
@@ -50,18 +51,20 @@ from engine.fastlinear import (
     Int8Linear,
     Q4KLinear,
     Q4Linear,
+    Q6KLinear,
     Q8Linear,
+    QuantizedLinear,
 )
 from engine.invariant import use_row_attention
-from engine.quant import GGUFWeights, GroupQuant
+from engine.quant import GGUFWeights, GroupQuant, Q6Blocks
 
 log = logging.getLogger(__name__)
 
 MODES: tuple[str, ...] = ("off", "fp32", "int4", "int4+int8")
-CACHE_FORMAT = 2  # 2: Q4_K tensors as Q4KLinear on our kernels
+CACHE_FORMAT = 3  # 2: Q4_K tensors as Q4KLinear on our kernels; 3: Q6_K as Q6KLinear
 Q4K_INPUTS = 256  # a Q4_K super-block
-_QUANT_LAYERS: dict[str, type[Int4Linear | Int8Linear | Q4Linear | Q4KLinear | Q8Linear]] = {
-    c.__name__: c for c in (Int4Linear, Int8Linear, Q4Linear, Q4KLinear, Q8Linear)
+_QUANT_LAYERS: dict[str, type[QuantizedLinear]] = {
+    c.__name__: c for c in (Int4Linear, Int8Linear, Q4Linear, Q4KLinear, Q6KLinear, Q8Linear)
 }
 
 
@@ -90,7 +93,7 @@ def model_bytes(model: nn.Module) -> int:
     return sum(seen.values())
 
 
-def _matches(g: GroupQuant, weight: torch.Tensor) -> bool:
+def _matches(g: GroupQuant | Q6Blocks, weight: torch.Tensor) -> bool:
     """Whether decoded GGUF rows equal the loaded weight's rows (sampled, cheap)."""
     n = g.shape[0]
     rows = torch.unique(torch.linspace(0, n - 1, steps=min(n, 16)).long())
@@ -120,6 +123,14 @@ def _replacement(
                 return Q4KLinear.from_groups(g, linear.bias)
             return (Q4Linear if ours else Int4Linear).from_groups(g, linear.bias)
         log.warning("%s: GGUF codes do not match the loaded weight; kept dense", name)
+        report.fallbacks.append(name)
+    blocks = weights.q6_k(name) if ours and weights is not None and name in weights.tensors \
+        else None
+    if blocks is not None and blocks.shape == tuple(linear.weight.shape) \
+            and linear.in_features % Q4K_INPUTS == 0 and not requantize:
+        if _matches(blocks, linear.weight):
+            return Q6KLinear.from_blocks(blocks, linear.bias)
+        log.warning("%s: GGUF Q6_K codes do not match the loaded weight; kept dense", name)
         report.fallbacks.append(name)
     if mode == "int4+int8" and ours and requantize:
         return Q4Linear.from_dense(linear.weight, linear.bias)

@@ -28,9 +28,9 @@ Contract of the layers (each replaces one ``nn.Linear``; input ``[..., K]``, out
   float32 scale. Both round the activations to int8 per group of 32 inputs (one float
   scale each, as llama.cpp rounds activations for its quantized dot products): about
   0.5 % relative error on a layer's output, and every group's product is exact
-  integer arithmetic. :class:`Q4KLinear` holds a Q4_K tensor exactly (its 6-bit
-  scales and mins, float32 ``d``/``dmin``) and rounds activations per 256 inputs,
-  as llama.cpp's Q4_K dot product does; fewer instructions per row than Q4Linear.
+  integer arithmetic. :class:`Q4KLinear` and :class:`Q6KLinear` hold Q4_K and Q6_K
+  tensors exactly (their integer scales, float32 ``d``) and round activations per 256
+  inputs, as llama.cpp's K-quant dot products do; fewer instructions per row.
 
 Row independence: the four quantized layers give each output row the same bits
 whatever the number of rows (their kernels reduce each row on its own);
@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import kernels
-from engine.quant import GROUP, GroupQuant
+from engine.quant import GROUP, GroupQuant, Q6Blocks
 
 SMALL_ROWS = 32  # up to this many rows FastLinear computes (W @ x.T).T
 KERNEL_DTYPE = torch.bfloat16  # the int4/int8 kernels' fast path on AVX2
@@ -73,7 +73,7 @@ def _bias_copy(bias: torch.Tensor | None) -> torch.Tensor | None:
     return None if bias is None else bias.detach().clone()
 
 
-class _QuantizedLinear(nn.Module):
+class QuantizedLinear(nn.Module):
     """Shared by the quantized layers: sizes, and a shape-only ``weight``."""
 
     BUFFERS: tuple[str, ...]  # the weight buffers, in constructor order (bias last)
@@ -89,7 +89,7 @@ class _QuantizedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}"
 
 
-class Int4Linear(_QuantizedLinear):
+class Int4Linear(QuantizedLinear):
     """A linear layer on 4-bit codes with group-32 scale and zero (torch CPU kernel)."""
 
     BUFFERS = ("packed", "scale_zero")
@@ -131,7 +131,7 @@ class Int4Linear(_QuantizedLinear):
         return w_t.float().t()  # [N, K]
 
 
-class Int8Linear(_QuantizedLinear):
+class Int8Linear(QuantizedLinear):
     """Per-output-channel symmetric int8 re-quantization of a dense weight."""
 
     BUFFERS = ("q", "scale")
@@ -179,7 +179,7 @@ def unpack_codes(codes: torch.Tensor) -> torch.Tensor:
     return torch.cat([h.unflatten(-1, (-1, GROUP // 2)) for h in halves], dim=-1)
 
 
-class Q4Linear(_QuantizedLinear):
+class Q4Linear(QuantizedLinear):
     """4-bit GGUF codes with float16 scale and offset per group of 32, on our kernel."""
 
     BUFFERS = ("codes", "scale", "offset")
@@ -235,7 +235,7 @@ class Q4Linear(_QuantizedLinear):
         return w.flatten(1)
 
 
-class Q4KLinear(_QuantizedLinear):
+class Q4KLinear(QuantizedLinear):
     """A Q4_K tensor in its own integer form (exactly the GGUF's weights), on our kernel."""
 
     BUFFERS = ("codes", "sc", "mn", "d", "dmin")
@@ -278,7 +278,36 @@ class Q4KLinear(_QuantizedLinear):
         return (q * scale.unsqueeze(-1) + offset.unsqueeze(-1)).flatten(1)
 
 
-class Q8Linear(_QuantizedLinear):
+class Q6KLinear(QuantizedLinear):
+    """A Q6_K tensor in its own integer form (exactly the GGUF's weights), on our kernel."""
+
+    BUFFERS = ("q", "sc", "d")
+    q: torch.Tensor  # [N, K] int8, -32..31 (a byte each: cheaper to run than 6-bit packing)
+    sc: torch.Tensor  # [N, K / 16] int8
+    d: torch.Tensor  # [N, K / 256] float32
+    bias: torch.Tensor | None  # [N] float32
+
+    def __init__(self, q: torch.Tensor, sc: torch.Tensor, d: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = q.shape
+        for name, t in (("q", q), ("sc", sc), ("d", d), ("bias", bias)):
+            self.register_buffer(name, t)
+
+    @classmethod
+    def from_blocks(cls, b: Q6Blocks, bias: torch.Tensor | None = None) -> "Q6KLinear":
+        return cls(b.q.contiguous(), b.sc.contiguous(), b.d.float().contiguous(),
+                   _float_bias(bias))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.q6k_linear(x, self.q, self.sc, self.d, self.bias).to(x.dtype)
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weight ``[N, K]``, computed as gguf-py does (for tests)."""
+        return Q6Blocks(self.q, self.sc, self.d).dequantize()
+
+
+class Q8Linear(QuantizedLinear):
     """Per-output-channel int8 codes with a float32 scale, on our kernel."""
 
     BUFFERS = ("q", "scale")

@@ -5,8 +5,9 @@ FMA and F16C, and a C++ compiler the first time); :func:`q4_linear` and
 :func:`q8_linear` compute a linear layer from 4-bit or int8 weight codes with the
 activations rounded to int8 per group of 32, and each output row is bit-identical
 whatever the number of rows (see the C++ file). When the kernels cannot run, the
-caller keeps torch's own kernels; nothing else changes. :func:`q4k_linear` runs Q4_K
-tensors in their own integer form (activations rounded per 256 inputs, as llama.cpp).
+caller keeps torch's own kernels; nothing else changes. :func:`q4k_linear` and
+:func:`q6k_linear` run Q4_K and Q6_K tensors in their own integer form (activations
+rounded per 256 inputs, as llama.cpp).
 
 The shared library is compiled with the system ``c++`` into the user cache folder
 (``~/.cache/anve/kernels``, or ``ANVE_KERNEL_DIR``), named by a hash of the source and
@@ -83,6 +84,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.anve_q8_linear.restype = None
     lib.anve_q4k_linear.argtypes = [_P, _I, _I, _P, _P, _P, _P, _P, _P, _P, _I]
     lib.anve_q4k_linear.restype = None
+    lib.anve_q6k_linear.argtypes = [_P, _I, _I, _P, _P, _P, _P, _P, _I]
+    lib.anve_q6k_linear.restype = None
     return lib
 
 
@@ -149,6 +152,19 @@ def q4k_linear(x: torch.Tensor, codes: torch.Tensor, sc: torch.Tensor, mn: torch
     y = torch.empty(m, n, dtype=torch.float32)  # [M, N]
     lib.anve_q4k_linear(x2.data_ptr(), m, k, codes.data_ptr(), sc.data_ptr(), mn.data_ptr(),
                         d.data_ptr(), dmin.data_ptr(), _ptr(bias), y.data_ptr(), n)
+    return y.reshape(*x.shape[:-1], n)
+
+
+def q6k_linear(x: torch.Tensor, q: torch.Tensor, sc: torch.Tensor, d: torch.Tensor,
+               bias: torch.Tensor | None) -> torch.Tensor:
+    """``x [..., K] @ W.T (+ bias)`` with W in Q6_K form: int8 codes ``q [N, K]``, int8
+    ``sc [N, K/16]``, float32 ``d [N, K/256]``. Float32 out."""
+    lib = _library_or_raise()
+    n, k = q.shape
+    x2, m = _prepare(x, k)
+    y = torch.empty(m, n, dtype=torch.float32)  # [M, N]
+    lib.anve_q6k_linear(x2.data_ptr(), m, k, q.data_ptr(), sc.data_ptr(), d.data_ptr(),
+                        _ptr(bias), y.data_ptr(), n)
     return y.reshape(*x.shape[:-1], n)
 
 

@@ -33,9 +33,9 @@ class GrowingLayer(DynamicLayer):
         size = max(needed, 2 * capacity, MIN_CAPACITY)
         key_buf = key_states.new_empty((*key_states.shape[:-2], size, key_states.shape[-1]))
         value_buf = value_states.new_empty((*value_states.shape[:-2], size, value_states.shape[-1]))
-        if self._length:
-            key_buf[..., : self._length, :] = self.keys
-            value_buf[..., : self._length, :] = self.values
+        if self._length and self._key_buf is not None and self._value_buf is not None:
+            key_buf[..., : self._length, :] = self._key_buf[..., : self._length, :]
+            value_buf[..., : self._length, :] = self._value_buf[..., : self._length, :]
         self._key_buf, self._value_buf = key_buf, value_buf
 
     def update(
@@ -48,14 +48,15 @@ class GrowingLayer(DynamicLayer):
         assert self._key_buf is not None and self._value_buf is not None
         self._key_buf[..., start : start + new, :] = key_states
         self._value_buf[..., start : start + new, :] = value_states
-        self._set_length(start + new)
-        return self.keys, self.values
+        return self._set_length(start + new)
 
-    def _set_length(self, length: int) -> None:
+    def _set_length(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         assert self._key_buf is not None and self._value_buf is not None
         self._length = length
-        self.keys = self._key_buf[..., :length, :]  # [B, H, length, Dh]
-        self.values = self._value_buf[..., :length, :]
+        keys = self._key_buf[..., :length, :]  # [B, H, length, Dh]
+        values = self._value_buf[..., :length, :]
+        self.keys, self.values = keys, values
+        return keys, values
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:

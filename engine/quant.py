@@ -151,6 +151,43 @@ def decode_q4_k(data: np.ndarray, n: int, k: int) -> GroupQuant:
     return GroupQuant(q, scale, offset, blocks)
 
 
+@dataclass(frozen=True)
+class Q6Blocks:
+    """A Q6_K tensor's integers: ``w = (d * sc) * q`` per 16 inputs, as gguf computes it."""
+
+    q: torch.Tensor  # [N, K] int8, -32..31
+    sc: torch.Tensor  # [N, K // 16] int8
+    d: torch.Tensor  # [N, K // 256] float32
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return int(self.q.shape[0]), int(self.q.shape[1])
+
+    def dequantize(self, rows: slice | torch.Tensor | None = None) -> torch.Tensor:
+        """Dense float32 weight ``[N, K]`` (or the selected rows), bit-identical to gguf."""
+        sel = slice(None) if rows is None else rows
+        scale = self.d[sel].repeat_interleave(16, dim=-1) * self.sc[sel].float()  # [n, K/16]
+        q = self.q[sel].float().unflatten(-1, (-1, 16))  # [n, K/16, 16]
+        return (scale.unsqueeze(-1) * q).flatten(-2)
+
+    def permute_rows(self, perm: torch.Tensor) -> "Q6Blocks":
+        return Q6Blocks(self.q[perm], self.sc[perm], self.d[perm])
+
+
+def decode_q6_k(data: np.ndarray, n: int, k: int) -> Q6Blocks:
+    """Q6_K super-block (210 bytes, 256 values): 128 bytes of low 4 bits, 64 of high 2
+    bits, 16 int8 scales (one per 16 values), f16 ``d``."""
+    b = _blocks(data, n, 210).reshape(-1, 210)  # [N * K/256, 210]
+    low_shift = np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    high_shift = np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+    low = ((b[:, :128].reshape(-1, 2, 1, 64) >> low_shift) & 0x0F).reshape(-1, 8, 32)
+    high = ((b[:, 128:192].reshape(-1, 2, 1, 32) >> high_shift) & 0x03).reshape(-1, 8, 32)
+    q = (low | (high << 4)).astype(np.int8) - np.int8(32)  # [B, 8, 32] in input order
+    sc = np.ascontiguousarray(b[:, 192:208]).view(np.int8)  # [B, 16]
+    d = _f16(b[:, 208:210]).reshape(n, k // 256)
+    return Q6Blocks(torch.from_numpy(q.reshape(n, k)), torch.from_numpy(sc.reshape(n, k // 16)), d)
+
+
 INT4_DECODERS = {
     GGMLQuantizationType.Q4_0: decode_q4_0,
     GGMLQuantizationType.Q4_1: decode_q4_1,
@@ -323,6 +360,15 @@ class GGUFWeights:
         if module.endswith("k_proj"):
             return llama_row_permutation(n, self.n_kv_head)
         return None
+
+    def q6_k(self, module: str) -> Q6Blocks | None:
+        """The integers of ``module``'s Q6_K weight in loaded row order, or ``None``."""
+        if self.qtype(module) != GGMLQuantizationType.Q6_K:
+            return None
+        n, k = self.shape(module)
+        blocks = decode_q6_k(self.tensors[module].data, n, k)
+        perm = self.row_permutation(module)
+        return blocks if perm is None else blocks.permute_rows(perm)
 
     def int4(self, module: str) -> GroupQuant | None:
         """Exact int4 form of ``module``'s weight in loaded row order, or ``None``."""

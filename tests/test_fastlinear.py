@@ -17,7 +17,7 @@ from engine.accelerate import AccelerationReport, accelerate, cache_path, model_
 from engine.fastlinear import SMALL_ROWS, FastLinear, Int4Linear, Int8Linear, Q4Linear
 from engine.quant import decode_int4
 from engine.runner import ModelRunner
-from tests.test_quant import light_gguf, q4_k_blocks, write_gguf
+from tests.test_quant import light_gguf, q4_k_blocks, q6_k_blocks, write_gguf
 from tests.tiny import tiny_model
 
 RNG = np.random.default_rng(1)
@@ -152,6 +152,7 @@ GGUF_LAYOUT = [  # (GGUF tensor, HF module, format)
     ("blk.0.ffn_up.weight", "model.layers.0.mlp.up_proj", QuantType.Q4_K),
     ("blk.1.ffn_down.weight", "model.layers.1.mlp.down_proj", QuantType.Q4_K),
     ("blk.1.attn_v.weight", "model.layers.1.self_attn.v_proj", QuantType.Q8_0),
+    ("blk.0.ffn_down.weight", "model.layers.0.mlp.down_proj", QuantType.Q6_K),
     ("output.weight", "lm_head", QuantType.Q4_0),
 ]
 
@@ -165,11 +166,12 @@ def gguf_model(tmp_path: Path, kind: str = "llama") -> tuple[nn.Module, Path]:
     for gguf_name, module, qtype in GGUF_LAYOUT:
         linear = model.get_submodule(module)
         n, k = linear.weight.shape
-        data = (
-            q4_k_blocks(n, k, 1e-4)
-            if qtype == QuantType.Q4_K
-            else quants.quantize(linear.weight.detach().numpy(), qtype)
-        )
+        if qtype == QuantType.Q4_K:
+            data = q4_k_blocks(n, k, 1e-4)
+        elif qtype == QuantType.Q6_K:  # gguf-py has no Q6_K quantizer
+            data = q6_k_blocks(n, k, 1e-5)
+        else:
+            data = quants.quantize(linear.weight.detach().numpy(), qtype)
         dense = quants.dequantize(data, qtype)
         if kind == "llama":
             dense = processor.process(dense, gguf_name).weights
@@ -193,8 +195,9 @@ def test_int4_mode_runs_the_gguf_codes_close_to_the_dense_model(
     assert int4_layers(report) == 5 and not report.fallbacks
     if native:  # the three Q4_K tensors in their own integer form
         assert report.layers["Q4KLinear"] == 3
+    assert report.layers["Q6KLinear"] == (1 if native else 0)  # exact on our kernels
     rest = int8 if mode == "int4+int8" else "FastLinear"
-    assert report.layers[rest] == 2 * 7 + 1 - 5
+    assert report.layers[rest] == 2 * 7 + 1 - 5 - report.layers["Q6KLinear"]
     layer = model.get_submodule("model.layers.0.self_attn.q_proj")
     assert isinstance(layer, Q4Linear if native else Int4Linear)
     assert model.get_output_embeddings().weight.shape == (320, 256)  # shape-only stand-in

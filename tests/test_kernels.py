@@ -10,9 +10,9 @@ from gguf import quants
 
 from engine import kernels
 from engine.accelerate import accelerate, cache_path
-from engine.fastlinear import Int8Linear, Q4KLinear, Q4Linear, Q8Linear, unpack_codes
-from engine.quant import GroupQuant, decode_int4
-from tests.test_quant import q4_k_blocks
+from engine.fastlinear import Int8Linear, Q4KLinear, Q4Linear, Q6KLinear, Q8Linear, unpack_codes
+from engine.quant import GroupQuant, Q6Blocks, decode_int4, decode_q6_k
+from tests.test_quant import q4_k_blocks, q6_k_blocks
 
 pytestmark = pytest.mark.skipif(
     not kernels.available(), reason="native kernels need AVX2, FMA, F16C and a C++ compiler"
@@ -206,3 +206,33 @@ def test_q4k_needs_super_blocks() -> None:
     data = quants.quantize(w, QuantType.Q4_1)
     with pytest.raises(ValueError, match="super-block"):
         Q4KLinear.from_groups(decode_int4(data, QuantType.Q4_1, 16, 256))
+
+
+def q6k_reference(x: torch.Tensor, b: Q6Blocks, bias: torch.Tensor | None) -> torch.Tensor:
+    g = x.float().unflatten(-1, (-1, 256))  # [M, S, 256]
+    dx = g.abs().amax(-1) / 127.0  # [M, S]
+    inv = torch.where(dx > 0, 1.0 / dx, torch.zeros_like(dx))
+    codes = torch.round(g * inv.unsqueeze(-1)).double().unflatten(-1, (16, 16))  # [M,S,16,16]
+    q = b.q.double().unflatten(-1, (-1, 16, 16))  # [N, S, 16, 16]
+    dots = torch.einsum("msjk,nsjk->mnsj", codes, q)  # [M, N, S, 16] exact
+    scaled = (dots * b.sc.double().unflatten(-1, (-1, 16))).sum(-1)  # [M, N, S]
+    y = (scaled * b.d.double() * dx.double()[:, None]).sum(-1)
+    return y if bias is None else y + bias.double()
+
+
+@pytest.mark.parametrize(("n", "k", "bias"), [(40, 256, False), (19, 1536, True)])
+def test_q6k_kernel_holds_the_gguf_weight_and_matches_the_reference(
+    n: int, k: int, bias: bool
+) -> None:
+    torch.manual_seed(6)
+    data = q6_k_blocks(n, k)
+    blocks = decode_q6_k(data, n, k)
+    exact = torch.from_numpy(quants.dequantize(data, QuantType.Q6_K))
+    assert torch.equal(blocks.dequantize(), exact)
+    layer = Q6KLinear.from_blocks(blocks, torch.randn(n) if bias else None)
+    assert torch.equal(layer.dequantized(), exact)
+    x = torch.randn(9, k) * 2
+    y = layer(x)
+    assert close(y, q6k_reference(x, blocks, layer.bias))
+    for m in range(1, 9):
+        assert torch.equal(layer(x[:m]), y[:m])

@@ -38,6 +38,14 @@ def q4_k_blocks(n: int, k: int, scale: float = 0.02) -> np.ndarray:
     return np.concatenate([d, dmin, rest], axis=-1).reshape(n, nb * 144)
 
 
+def q6_k_blocks(n: int, k: int, scale: float = 0.01) -> np.ndarray:
+    """Random but valid Q6_K bytes: every bit pattern of codes and scales, f16 ``d``."""
+    nb = k // 256
+    rest = RNG.integers(0, 256, size=(n, nb, 208), dtype=np.uint8)
+    d = random_f16_bytes((n, nb, 1), scale).reshape(n, nb, 2)
+    return np.concatenate([rest, d], axis=-1).reshape(n, nb * 210)
+
+
 def reference(data: np.ndarray, qtype: QuantType) -> torch.Tensor:
     return torch.from_numpy(quants.dequantize(data, qtype))
 

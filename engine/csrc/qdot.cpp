@@ -15,6 +15,9 @@
 //       dmin, per 32 a 6-bit scale sc and min mn (int16 each): w = d*sc*code - dmin*mn.
 //       Its activations are rounded per 256 inputs instead (as llama.cpp's Q8_K), so
 //       the 32-groups of a super-block sum in integers: fewer instructions per row.
+//   q6k: Q6_K's own form, its codes as int8 (-32..31, one byte each: unpacking 6-bit
+//       codes costs more here than the bytes it saves), an int8 scale per 16 inputs
+//       and float32 d per 256: w = d * sc * code. Activations rounded per 256 inputs.
 //   q8: int8 codes per output row with one float scale: w = code * scale.
 // Threads: OpenMP over output features (the process's one OpenMP runtime, torch's).
 
@@ -200,6 +203,46 @@ void q4k_rows(const QuantRows256 xq, int K, const Q4KWeights w, const float *bia
     }
 }
 
+struct Q6KWeights {
+    const int8_t *q;   // [N, K]
+    const int8_t *sc;  // [N, K / 16]
+    const float *d;    // [N, K / 256]
+};
+
+template <int M>
+void q6k_rows(const QuantRows256 xq, int K, const Q6KWeights w, const float *bias, float *y,
+              int N, int n0, int n1) {
+    const int S = K / SUPER, G = K / GROUP;
+    for (int n = n0; n < n1; ++n) {
+        __m256 acc[M];
+        for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
+        for (int sb = 0; sb < S; ++sb) {
+            __m256i iacc[M];
+            for (int m = 0; m < M; ++m) iacc[m] = _mm256_setzero_si256();
+            for (int j = 0; j < SUPER / GROUP; ++j) {
+                const int64_t g = (int64_t)n * G + sb * (SUPER / GROUP) + j;
+                const __m256i wq = _mm256_loadu_si256((const __m256i *)(w.q + g * GROUP));
+                const __m256i w_abs = _mm256_sign_epi8(wq, wq);
+                const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(w.sc[2 * g + 1]),
+                                                       _mm_set1_epi16(w.sc[2 * g]));
+                const int64_t k0 = (int64_t)sb * SUPER + j * GROUP;
+                for (int m = 0; m < M; ++m) {
+                    const __m256i x = _mm256_loadu_si256((const __m256i *)(xq.codes + m * (int64_t)K + k0));
+                    const __m256i p16 = _mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(x, wq));
+                    iacc[m] = _mm256_add_epi32(iacc[m], _mm256_madd_epi16(p16, scale));
+                }
+            }
+            const float d = w.d[(int64_t)n * S + sb];
+            for (int m = 0; m < M; ++m) {
+                const float dx = xq.scale[(int64_t)m * S + sb];
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[m]), _mm256_set1_ps(d * dx), acc[m]);
+            }
+        }
+        const float b = bias ? bias[n] : 0.0f;
+        for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = hsum(acc[m]) + b;
+    }
+}
+
 template <int M>
 void q8_rows(const QuantRows xq, int K, const int8_t *codes, const float *scale,
              const float *bias, float *y, int N, int n0, int n1) {
@@ -295,7 +338,7 @@ struct Scratch {
 
 extern "C" {
 
-int anve_qdot_version(void) { return 2; }
+int anve_qdot_version(void) { return 3; }
 
 // y[M, N] = x[M, K] . W^T (+ bias), W in q4 form; K a multiple of 32.
 void anve_q4_linear(const float *x, int M, int K, const uint8_t *codes, const uint16_t *scale,
@@ -330,6 +373,18 @@ void anve_q4k_linear(const float *x, int M, int K, const uint8_t *codes, const i
     // 4 rows per pass: two accumulators per row stay in the 16 vector registers.
     over_rows<4>(M, N, K, y, rows, [&](int mm, QuantRows256 xq, float *out, int n0, int n1) {
         DISPATCH4(q4k_rows, xq, K, w, bias, out, N, n0, n1)
+    });
+}
+
+// y[M, N] = x[M, K] . W^T (+ bias), W in q6k form; K a multiple of 256.
+void anve_q6k_linear(const float *x, int M, int K, const int8_t *q, const int8_t *sc,
+                     const float *d, const float *bias, float *y, int N) {
+    Scratch scratch(M, K);
+    const QuantRows256 rows = scratch.rows256(M, K);
+    quantize_rows_256(x, M, K, rows);
+    const Q6KWeights w = {q, sc, d};
+    over_rows<4>(M, N, K, y, rows, [&](int mm, QuantRows256 xq, float *out, int n0, int n1) {
+        DISPATCH4(q6k_rows, xq, K, w, bias, out, N, n0, n1)
     });
 }
 

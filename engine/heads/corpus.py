@@ -64,7 +64,7 @@ def _records(module: str, source: str) -> Iterator[list[dict[str, str]]]:
 def build(out: Path = DEFAULT) -> int:
     """Write the corpus from this interpreter's standard library; return the record count."""
     lib = Path(sysconfig.get_paths()["stdlib"])
-    records = []
+    records: list[list[dict[str, str]]] = []
     for module in MODULES:
         source = (lib / f"{module}.py").read_text(encoding="utf-8")
         records.extend(_records(module, source))
