@@ -85,6 +85,12 @@ class QuantizedLinear(nn.Module):
         """A meta tensor ``[N, K]``: code may ask ``lm_head.weight.shape``, not compute."""
         return torch.empty(self.out_features, self.in_features, device="meta")
 
+    def _hold(self, shape: tuple[int, int], **buffers: torch.Tensor | None) -> None:
+        """Record ``(out_features, in_features)`` and register the buffers, in order."""
+        self.out_features, self.in_features = shape
+        for name, tensor in buffers.items():
+            self.register_buffer(name, tensor)
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"
 
@@ -101,10 +107,8 @@ class Int4Linear(QuantizedLinear):
         self, packed: torch.Tensor, scale_zero: torch.Tensor, bias: torch.Tensor | None = None
     ) -> None:
         super().__init__()
-        self.out_features, self.in_features = packed.shape[0], packed.shape[1] * 2
-        self.register_buffer("packed", packed)
-        self.register_buffer("scale_zero", scale_zero)
-        self.register_buffer("bias", bias)
+        shape = (packed.shape[0], packed.shape[1] * 2)
+        self._hold(shape, packed=packed, scale_zero=scale_zero, bias=bias)
 
     @classmethod
     def from_groups(
@@ -141,10 +145,7 @@ class Int8Linear(QuantizedLinear):
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
-        self.out_features, self.in_features = q.shape
-        self.register_buffer("q", q)
-        self.register_buffer("scale", scale)
-        self.register_buffer("bias", bias)
+        self._hold((q.shape[0], q.shape[1]), q=q, scale=scale, bias=bias)
 
     @classmethod
     def from_weight(
@@ -191,11 +192,8 @@ class Q4Linear(QuantizedLinear):
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
                  bias: torch.Tensor | None = None) -> None:
         super().__init__()
-        self.out_features, self.in_features = codes.shape[0], codes.shape[1] * 2
-        self.register_buffer("codes", codes)
-        self.register_buffer("scale", scale)
-        self.register_buffer("offset", offset)
-        self.register_buffer("bias", bias)
+        shape = (codes.shape[0], codes.shape[1] * 2)
+        self._hold(shape, codes=codes, scale=scale, offset=offset, bias=bias)
 
     @classmethod
     def from_groups(cls, g: GroupQuant, bias: torch.Tensor | None = None) -> "Q4Linear":
@@ -249,10 +247,8 @@ class Q4KLinear(QuantizedLinear):
     def __init__(self, codes: torch.Tensor, sc: torch.Tensor, mn: torch.Tensor, d: torch.Tensor,
                  dmin: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
-        self.out_features, self.in_features = codes.shape[0], codes.shape[1] * 2
-        for name, t in (("codes", codes), ("sc", sc), ("mn", mn), ("d", d), ("dmin", dmin)):
-            self.register_buffer(name, t)
-        self.register_buffer("bias", bias)
+        shape = (codes.shape[0], codes.shape[1] * 2)
+        self._hold(shape, codes=codes, sc=sc, mn=mn, d=d, dmin=dmin, bias=bias)
 
     @classmethod
     def from_groups(cls, g: GroupQuant, bias: torch.Tensor | None = None) -> "Q4KLinear":
@@ -290,9 +286,7 @@ class Q6KLinear(QuantizedLinear):
     def __init__(self, q: torch.Tensor, sc: torch.Tensor, d: torch.Tensor,
                  bias: torch.Tensor | None = None) -> None:
         super().__init__()
-        self.out_features, self.in_features = q.shape
-        for name, t in (("q", q), ("sc", sc), ("d", d), ("bias", bias)):
-            self.register_buffer(name, t)
+        self._hold((q.shape[0], q.shape[1]), q=q, sc=sc, d=d, bias=bias)
 
     @classmethod
     def from_blocks(cls, b: Q6Blocks, bias: torch.Tensor | None = None) -> "Q6KLinear":
@@ -317,10 +311,7 @@ class Q8Linear(QuantizedLinear):
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
-        self.out_features, self.in_features = q.shape
-        self.register_buffer("q", q)
-        self.register_buffer("scale", scale)
-        self.register_buffer("bias", bias)
+        self._hold((q.shape[0], q.shape[1]), q=q, scale=scale, bias=bias)
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Q8Linear":
