@@ -120,65 +120,47 @@ def _library_or_raise() -> ctypes.CDLL:
     return lib
 
 
-def _prepare(x: torch.Tensor, k: int) -> tuple[torch.Tensor, int]:
+def _linear(entry: str, x: torch.Tensor, shape: tuple[int, int], weights: tuple[torch.Tensor, ...],
+            bias: torch.Tensor | None) -> torch.Tensor:
+    """Call the C entry ``entry(x, M, K, *weights, bias, y, N)`` on ``x [..., K]``."""
+    lib = _library_or_raise()
+    n, k = shape
     x2 = x.reshape(-1, k).to(torch.float32).contiguous()  # [M, K]
-    return x2, x2.shape[0]
-
-
-def _ptr(t: torch.Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
+    m = x2.shape[0]
+    y = torch.empty(m, n, dtype=torch.float32)  # [M, N]
+    getattr(lib, entry)(x2.data_ptr(), m, k, *(w.data_ptr() for w in weights),
+                        None if bias is None else bias.data_ptr(), y.data_ptr(), n)
+    return y.reshape(*x.shape[:-1], n)
 
 
 def q4_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
               bias: torch.Tensor | None) -> torch.Tensor:
     """``x [..., K] @ W.T (+ bias)`` with W given as q4 codes ``[N, K/2]``, fp16 scale/offset
     ``[N, K/32]``; bias float32 ``[N]``. Returns float32 ``[..., N]``."""
-    lib = _library_or_raise()
-    n, k = codes.shape[0], codes.shape[1] * 2
-    x2, m = _prepare(x, k)
-    y = torch.empty(m, n, dtype=torch.float32)  # [M, N]
-    lib.anve_q4_linear(x2.data_ptr(), m, k, codes.data_ptr(), scale.data_ptr(),
-                       offset.data_ptr(), _ptr(bias), y.data_ptr(), n)
-    return y.reshape(*x.shape[:-1], n)
+    shape = (codes.shape[0], codes.shape[1] * 2)
+    return _linear("anve_q4_linear", x, shape, (codes, scale, offset), bias)
 
 
 def q4k_linear(x: torch.Tensor, codes: torch.Tensor, sc: torch.Tensor, mn: torch.Tensor,
                d: torch.Tensor, dmin: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``x [..., K] @ W.T (+ bias)`` with W in Q4_K form: q4 codes ``[N, K/2]``, int16
     ``sc``/``mn`` ``[N, K/32]``, float32 ``d``/``dmin`` ``[N, K/256]``. Float32 out."""
-    lib = _library_or_raise()
-    n, k = codes.shape[0], codes.shape[1] * 2
-    x2, m = _prepare(x, k)
-    y = torch.empty(m, n, dtype=torch.float32)  # [M, N]
-    lib.anve_q4k_linear(x2.data_ptr(), m, k, codes.data_ptr(), sc.data_ptr(), mn.data_ptr(),
-                        d.data_ptr(), dmin.data_ptr(), _ptr(bias), y.data_ptr(), n)
-    return y.reshape(*x.shape[:-1], n)
+    shape = (codes.shape[0], codes.shape[1] * 2)
+    return _linear("anve_q4k_linear", x, shape, (codes, sc, mn, d, dmin), bias)
 
 
 def q6k_linear(x: torch.Tensor, q: torch.Tensor, sc: torch.Tensor, d: torch.Tensor,
                bias: torch.Tensor | None) -> torch.Tensor:
     """``x [..., K] @ W.T (+ bias)`` with W in Q6_K form: int8 codes ``q [N, K]``, int8
     ``sc [N, K/16]``, float32 ``d [N, K/256]``. Float32 out."""
-    lib = _library_or_raise()
-    n, k = q.shape
-    x2, m = _prepare(x, k)
-    y = torch.empty(m, n, dtype=torch.float32)  # [M, N]
-    lib.anve_q6k_linear(x2.data_ptr(), m, k, q.data_ptr(), sc.data_ptr(), d.data_ptr(),
-                        _ptr(bias), y.data_ptr(), n)
-    return y.reshape(*x.shape[:-1], n)
+    return _linear("anve_q6k_linear", x, (q.shape[0], q.shape[1]), (q, sc, d), bias)
 
 
 def q8_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor,
               bias: torch.Tensor | None) -> torch.Tensor:
     """``x [..., K] @ W.T (+ bias)`` with W given as int8 codes ``[N, K]`` times a float32
     per-row ``scale [N]``; bias float32 ``[N]``. Returns float32 ``[..., N]``."""
-    lib = _library_or_raise()
-    n, k = codes.shape
-    x2, m = _prepare(x, k)
-    y = torch.empty(m, n, dtype=torch.float32)  # [M, N]
-    lib.anve_q8_linear(x2.data_ptr(), m, k, codes.data_ptr(), scale.data_ptr(), _ptr(bias),
-                       y.data_ptr(), n)
-    return y.reshape(*x.shape[:-1], n)
+    return _linear("anve_q8_linear", x, (codes.shape[0], codes.shape[1]), (codes, scale), bias)
 
 
 def main() -> int:

@@ -37,22 +37,32 @@ struct QuantRows {
     float *sum;     // [M, G], dx * sum of the group's codes
 };
 
+// The int8 scale of a block of n activations: max|x| / 127.
+inline float block_scale(const float *src, int n) {
+    float amax = 0.0f;
+    for (int i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(src[i]));
+    return amax / 127.0f;
+}
+
+// Round one group of 32 activations to int8 codes at 1 / d; returns the codes' sum.
+inline int round_group(const float *src, float d, int8_t *dst) {
+    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+    int total = 0;
+    for (int i = 0; i < GROUP; ++i) {
+        const int c = (int)nearbyintf(src[i] * inv);
+        dst[i] = (int8_t)c;
+        total += c;
+    }
+    return total;
+}
+
 void quantize_rows(const float *x, int M, int K, QuantRows q) {
     const int G = K / GROUP;
 #pragma omp parallel for schedule(static)
     for (int mg = 0; mg < M * G; ++mg) {
         const float *src = x + (int64_t)mg * GROUP;
-        int8_t *dst = q.codes + (int64_t)mg * GROUP;
-        float amax = 0.0f;
-        for (int i = 0; i < GROUP; ++i) amax = fmaxf(amax, fabsf(src[i]));
-        const float d = amax / 127.0f;
-        const float inv = d > 0.0f ? 1.0f / d : 0.0f;
-        int total = 0;
-        for (int i = 0; i < GROUP; ++i) {
-            const int c = (int)nearbyintf(src[i] * inv);
-            dst[i] = (int8_t)c;
-            total += c;
-        }
+        const float d = block_scale(src, GROUP);
+        const int total = round_group(src, d, q.codes + (int64_t)mg * GROUP);
         q.scale[mg] = d;
         q.sum[mg] = d * (float)total;
     }
@@ -132,18 +142,9 @@ void quantize_rows_256(const float *x, int M, int K, QuantRows256 q) {
 #pragma omp parallel for schedule(static)
     for (int ms = 0; ms < M * S; ++ms) {
         const float *src = x + (int64_t)ms * SUPER;
-        int8_t *dst = q.codes + (int64_t)ms * SUPER;
-        float amax = 0.0f;
-        for (int i = 0; i < SUPER; ++i) amax = fmaxf(amax, fabsf(src[i]));
-        const float d = amax / 127.0f;
-        const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+        const float d = block_scale(src, SUPER);
         for (int j = 0; j < SUPER / GROUP; ++j) {
-            int total = 0;
-            for (int i = j * GROUP; i < (j + 1) * GROUP; ++i) {
-                const int c = (int)nearbyintf(src[i] * inv);
-                dst[i] = (int8_t)c;
-                total += c;
-            }
+            const int total = round_group(src + j * GROUP, d, q.codes + (int64_t)ms * SUPER + j * GROUP);
             q.bsum[(int64_t)ms * (SUPER / GROUP) + j] = (int16_t)total;
         }
         q.scale[ms] = d;
