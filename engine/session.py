@@ -112,9 +112,11 @@ class ChatEngine:
         num_draft_tokens: DraftLength = ADAPTIVE,
         corpus: Sequence[str] = (),
         head: str | os.PathLike[str] | None = None,
+        data_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.target = target
         self.draft = draft
+        self.data_dir = data_dir
         self.runner = ModelRunner(target.model)
         corpus_ids = [target.tokenizer.encode(t, add_special_tokens=False) for t in corpus]
         self.drafters: dict[str, Drafter] = {
@@ -123,7 +125,7 @@ class ChatEngine:
         }
         if draft is not None:
             self.drafters["draft"] = DraftModelDrafter(draft, target.vocab_size)
-        eagle = eagle_for(target, None if head is None else Path(head))
+        eagle = eagle_for(target, None if head is None else Path(head), data_dir)
         if eagle is not None:
             self.drafters["eagle"] = eagle
         self.policies: dict[str, DraftPolicy] = {}
@@ -146,7 +148,14 @@ class ChatEngine:
         loaded_target, loaded_draft = load_pair(
             target, draft, dtype=dtype, data_dir=data_dir, progress=progress, accel=accel
         )
-        return cls(loaded_target, loaded_draft, **kwargs)
+        return cls(loaded_target, loaded_draft, data_dir=data_dir, **kwargs)
+
+    def reload_head(self) -> None:
+        """Draft with the target's installed head from now on (the office trained a new one)."""
+        eagle = eagle_for(self.target, data_dir=self.data_dir)
+        if eagle is not None:
+            self.drafters["eagle"] = eagle
+            self.policies.pop("eagle", None)  # its measured acceptance was the old head's
 
     @property
     def max_adaptive(self) -> int:

@@ -18,6 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from engine.errors import BadRequestError, EngineError, PromptTooLongError
 from engine.protocol import Completion, SpeculationStats, TextChunk
 from engine.worker.auth import Auth
+from engine.worker.learning import HeadLearning
 from engine.worker.metrics import Metrics
 from engine.worker.scheduler import Scheduler
 from engine.worker.server import Worker, create_app
@@ -75,11 +76,13 @@ class FakeEngine:
 
 @contextlib.asynccontextmanager
 async def serving(
-    loader: Callable[[Any], Any], auth: Auth | None = None, **app_kwargs: Any
+    loader: Callable[[Any], Any], auth: Auth | None = None,
+    learning: Callable[[Scheduler], HeadLearning] | None = None, **app_kwargs: Any
 ) -> AsyncIterator[tuple[TestClient, Worker]]:
     settings, metrics = SpeculationSettings(), Metrics()
     scheduler = Scheduler(loader, settings, metrics, max_waiting=2)
-    worker = Worker(scheduler, settings, metrics, auth or Auth())
+    worker = Worker(scheduler, settings, metrics, auth or Auth(),
+                    learning(scheduler) if learning else None)
     async with TestClient(TestServer(create_app(worker, **app_kwargs))) as client:
         scheduler.start()
         yield client, worker

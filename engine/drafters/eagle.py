@@ -14,6 +14,7 @@ a token the head gave less than ``min_confidence``.
 """
 
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -115,13 +116,17 @@ class EagleDrafter:
         return tokens, qs
 
 
-def eagle_for(target: LoadedModel, head_file: Path | None = None) -> EagleDrafter | None:
-    """The EAGLE drafter for ``target`` from ``head_file`` or its installed head, if any.
+def eagle_for(
+    target: LoadedModel, head_file: Path | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+) -> EagleDrafter | None:
+    """The EAGLE drafter for ``target`` from ``head_file`` or its installed head, if any
+    (the office's own in ``data_dir`` first, then the shipped one).
 
     A head that is missing gives ``None``; one that is damaged or made for another
     target is logged and skipped (the engine still runs, without ``eagle``).
     """
-    path = head_file or find_head(target.name)
+    path = head_file or find_head(target.name, data_dir)
     if path is None:
         return None
     try:

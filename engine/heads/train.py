@@ -17,8 +17,10 @@ Target features are cached in ``FILE.features.pt`` for the same corpus and setti
 At the end the held-out acceptance (top-1 agreement of the head's first draft token
 with the target's greedy token, full ``lm_head``, on the last ``--held-out`` share of
 the windows) is measured and stored in the file. ``--init HEAD`` fine-tunes an existing
-head (its held-out acceptance on the same windows is stored too) and ``--history DB``
-reads the conversations from the app's history instead (see :mod:`engine.heads.office`).
+head (its held-out acceptance on the same windows is stored too); ``--history DB`` (the
+app's history file) or ``--conversations FILE`` (the same chats as JSON lines, as the
+worker receives them) train on the office's own conversations instead (see
+:mod:`engine.heads.office`).
 """
 
 import argparse
@@ -59,13 +61,18 @@ class Features:
                         self.top_probs[rows])
 
 
+def chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """One chat-templated conversation as token ids."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
 def windows(tokenizer: Any, conversations: list[list[dict[str, str]]], seq_len: int,
             max_tokens: int) -> torch.Tensor:
     """Chat-templated conversations packed into ``[N, seq_len]`` windows."""
     stream: list[int] = []
     for messages in conversations:
-        text = tokenizer.apply_chat_template(messages, tokenize=False)
-        stream += tokenizer.encode(text, add_special_tokens=False)
+        stream += chat_ids(tokenizer, messages)
         if len(stream) >= max_tokens:
             break
     n = min(len(stream), max_tokens) // seq_len
@@ -240,7 +247,8 @@ def load_features(model: Any, tokenizer: Any, args: argparse.Namespace,
 
     The cache is reused only if it was made from the same corpus and settings.
     """
-    key = [str(args.history or args.corpus), args.tokens, args.seq_len, args.top_k, args.accel]
+    source = args.history or args.conversations or args.corpus
+    key = [str(source), args.tokens, args.seq_len, args.top_k, args.accel]
     if cache.is_file():
         saved = torch.load(cache, weights_only=True)
         if saved.pop("key", None) == key:
@@ -248,7 +256,9 @@ def load_features(model: Any, tokenizer: Any, args: argparse.Namespace,
             return Features(**saved)
     ids = windows(tokenizer, conversations, args.seq_len, args.tokens)
     if len(ids) < 2:
-        raise SystemExit("the corpus is too small for two windows; lower --seq-len")
+        held = sum(len(chat_ids(tokenizer, m)) for m in conversations)
+        raise SystemExit(f"the conversations hold {held} tokens, too few for two windows of "
+                         f"{args.seq_len}; chat more first (or lower --seq-len)")
     data = extract(model, ids, args.top_k)
     torch.save({**vars(data), "key": key}, cache)
     return data
@@ -260,8 +270,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--target", required=True, help="model name or local model folder")
     p.add_argument("--out", required=True, type=Path, help="head file to write (.safetensors)")
     p.add_argument("--corpus", type=Path, default=corpus_mod.DEFAULT)
-    p.add_argument("--history", type=Path, default=None,
-                   help="train on the app's SQLite history instead of --corpus")
+    office = p.add_mutually_exclusive_group()
+    office.add_argument("--history", type=Path, default=None,
+                        help="train on the app's SQLite history instead of --corpus")
+    office.add_argument("--conversations", type=Path, default=None,
+                        help="train on these chats (JSON lines of {\"messages\": [...]})")
     p.add_argument("--init", type=Path, default=None, help="head file to fine-tune")
     p.add_argument("--tokens", type=int, default=60000, help="corpus tokens to use")
     p.add_argument("--seq-len", type=int, default=256)
@@ -304,7 +317,10 @@ def initial_head(args: argparse.Namespace, loaded: Any) -> tuple[EagleHead, Eagl
 
 
 def read_conversations(args: argparse.Namespace) -> list[list[dict[str, str]]]:
-    found = history.conversations(args.history) if args.history else corpus_mod.load(args.corpus)
+    if args.history:
+        found = history.conversations(args.history)
+    else:
+        found = corpus_mod.load(args.conversations or args.corpus)
     random.Random(0).shuffle(found)
     return found
 
@@ -333,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     extra = {"held_out_tokens": int(held.ids.numel()), "steps": args.steps,
              "ce_vocab": len(vocab), "top_k": args.top_k, "first_loss": losses[0],
              "final_loss": losses[-1], "seconds": round(time.perf_counter() - started),
-             "corpus": "office history" if args.history else args.corpus.name}
+             "corpus": "office history" if args.history or args.conversations
+             else args.corpus.name}
     if base is not None:
         extra["init_held_out_acceptance"] = held_out_acceptance(base, embed, lm_head, held)
     info = HeadInfo(loaded.name, loaded.sha256, int(embed.num_embeddings), head.config,

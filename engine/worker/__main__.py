@@ -115,6 +115,7 @@ def make_loader(config: WorkerConfig) -> Callable[["Progress"], "ChatEngine"]:
 
 def build_worker(config: WorkerConfig) -> "Worker":
     from engine.worker.auth import Auth
+    from engine.worker.learning import HeadLearning
     from engine.worker.metrics import Metrics
     from engine.worker.scheduler import Scheduler
     from engine.worker.server import Worker
@@ -126,7 +127,9 @@ def build_worker(config: WorkerConfig) -> "Worker":
     ))
     metrics = Metrics()
     scheduler = Scheduler(make_loader(config), settings, metrics, config.max_waiting)
-    return Worker(scheduler, settings, metrics, Auth(config.user_token, config.admin_token))
+    learning = HeadLearning(config.target, config.data_dir, scheduler.reload_head)
+    return Worker(scheduler, settings, metrics, Auth(config.user_token, config.admin_token),
+                  learning)
 
 
 async def serve(config: WorkerConfig) -> int:

@@ -12,6 +12,8 @@ Contract:
 * :meth:`Scheduler.abandon` frees a job's slot at once: a waiting job leaves the queue;
   a running one is cancelled through its ``threading.Event``, which the decoding loop
   checks before every target pass.
+* :meth:`Scheduler.reload_head` asks the thread to swap in a newly installed draft head
+  between two answers (at once when idle), then to publish the methods it now offers.
 * The engine is not thread-safe and is only ever touched from this thread.
 """
 
@@ -59,6 +61,8 @@ class Engine(Protocol):
     def methods(self) -> list[str]: ...
 
     def check_num_draft_tokens(self, k: Any) -> Any: ...
+
+    def reload_head(self) -> None: ...
 
     def generate(
         self, messages: Any, params: Any = None, *, max_tokens: int = 512,
@@ -128,6 +132,7 @@ class Scheduler:
         self.models: tuple[LoadedModelInfo, ...] = ()
         self._cond = threading.Condition()
         self._queue: deque[Job] = deque()
+        self._chores: deque[Callable[[Engine], None]] = deque()
         self._running: Job | None = None
         self._stopping = False
         self._thread = threading.Thread(target=self._main, name="anve-engine", daemon=True)
@@ -173,6 +178,12 @@ class Scheduler:
             self._queue.append(job)
             self._cond.notify()
 
+    def reload_head(self) -> None:
+        """Swap in the target's installed draft head before the next answer."""
+        with self._cond:
+            self._chores.append(self._swap_head)
+            self._cond.notify()
+
     def abandon(self, job: Job) -> None:
         """The client is gone or done: drop the job if waiting, cancel it if running."""
         job.cancel.set()
@@ -196,12 +207,31 @@ class Scheduler:
         engine = self._load()
         if engine is None:
             return
-        while (job := self._next()) is not None:
+        while (work := self._next()) is not None:
+            if not isinstance(work, Job):
+                self._chore(engine, work)
+                continue
             try:
-                self._run(engine, job)
+                self._run(engine, work)
             finally:
                 with self._cond:
                     self._running = None
+
+    def _chore(self, engine: Engine, chore: Callable[[Engine], None]) -> None:
+        try:
+            chore(engine)
+        except Exception:
+            log.exception("an engine chore failed")
+
+    def _swap_head(self, engine: Engine) -> None:
+        engine.reload_head()
+        self._bind(engine)
+        log.info("draft head reloaded; methods: %s", ", ".join(engine.methods))
+
+    def _bind(self, engine: Engine) -> None:
+        self.settings.bind(
+            engine.methods, engine.method, engine.num_draft_tokens, supports_adaptive(engine)
+        )
 
     def _progress(self, fraction: float, message: str) -> None:
         self.status = LoadStatus("loading", min(max(float(fraction), 0.0), 1.0), message)
@@ -221,19 +251,19 @@ class Scheduler:
         self.models = describe(engine)
         for model in self.models:
             self.metrics.model_memory.labels(model.role, model.id).set(model.memory_bytes)
-        self.settings.bind(
-            engine.methods, engine.method, engine.num_draft_tokens, supports_adaptive(engine)
-        )
+        self._bind(engine)
         self.status = LoadStatus("ready", 1.0, "ready")
         log.info("models ready: %s", ", ".join(m.id for m in self.models))
         return engine
 
-    def _next(self) -> Job | None:
+    def _next(self) -> "Job | Callable[[Engine], None] | None":
         with self._cond:
-            while not self._queue and not self._stopping:
+            while not self._queue and not self._chores and not self._stopping:
                 self._cond.wait()
             if self._stopping:
                 return None
+            if self._chores:
+                return self._chores.popleft()
             self._running = self._queue.popleft()
             return self._running
 

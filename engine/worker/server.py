@@ -1,9 +1,12 @@
 """The worker's HTTP surface: OpenAI chat completions plus health, metrics and settings.
 
 Routes: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``,
-``GET /metrics``, ``GET`` and ``PUT /v1/speculation``. Every error is OpenAI's shape
+``GET /metrics``, ``GET`` and ``PUT /v1/speculation``, and ``GET``, ``POST`` (start) and
+``DELETE`` (stop) ``/v1/heads/learning``, the admin's "learn from this office" run
+(:mod:`engine.worker.learning`). Every error is OpenAI's shape
 ``{"error": {"message", "type", "code", "param"}}`` with a fitting status (400 bad
-input, 401/403 auth, 404/405 routing, 413 body too large, 503 loading or queue full).
+input, 401/403 auth, 404/405 routing, 409 a run already going, 413 body too large, 503
+loading or queue full).
 
 Handlers only parse, queue and relay: generation runs on the scheduler's thread, so
 the event loop never blocks and ``/health`` answers while an answer is generated.
@@ -25,6 +28,13 @@ from aiohttp import web
 from engine.errors import BadRequestError, EngineError
 from engine.protocol import PROTOCOL_VERSION, Completion, TextChunk
 from engine.worker.auth import Auth
+from engine.worker.learning import (
+    HeadLearning,
+    LearningBusyError,
+    LearningUnavailableError,
+    check_conversations,
+    check_tuning,
+)
 from engine.worker.metrics import CONTENT_TYPE, Metrics
 from engine.worker.scheduler import Job, NotReadyError, QueueFullError, Scheduler, Started
 from engine.worker.schema import (
@@ -43,7 +53,8 @@ from engine.worker.settings import SpeculationSettings
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 2 << 20
-ADMIN_ROUTES = frozenset({("PUT", "/v1/speculation")})
+LEARNING = "/v1/heads/learning"
+ADMIN_ROUTES = frozenset({("PUT", "/v1/speculation"), ("POST", LEARNING), ("DELETE", LEARNING)})
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 LAG_NAP_S = 0.05
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -57,6 +68,7 @@ class Worker:
     settings: SpeculationSettings
     metrics: Metrics
     auth: Auth = field(default_factory=Auth)
+    learning: HeadLearning | None = None
     started_at: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -76,6 +88,10 @@ def status_of(exc: EngineError) -> int:
         return 400
     if isinstance(exc, NotReadyError | QueueFullError):
         return 503
+    if isinstance(exc, LearningBusyError):
+        return 409
+    if isinstance(exc, LearningUnavailableError):
+        return 404
     return 500
 
 
@@ -176,6 +192,32 @@ async def put_speculation(request: web.Request) -> web.Response:
     config = worker.settings.update(await read_json(request))
     log.info("speculation setting changed: %s", config.to_dict())
     return web.json_response(worker.settings.to_dict())
+
+
+def _learning(worker: Worker) -> HeadLearning:
+    if worker.learning is None:
+        raise LearningUnavailableError("this worker cannot train draft heads")
+    return worker.learning
+
+
+async def get_learning(request: web.Request) -> web.Response:
+    return web.json_response(_learning(request.app[WORKER]).status.to_dict())
+
+
+async def start_learning(request: web.Request) -> web.Response:
+    worker = request.app[WORKER]
+    learning = _learning(worker)
+    worker.scheduler.require_ready()
+    body = await read_json(request)
+    learning.start(check_conversations(body), check_tuning(body))
+    log.info("head learning started on %d conversations", learning.status.conversations)
+    return web.json_response(learning.status.to_dict(), status=202)
+
+
+async def stop_learning(request: web.Request) -> web.Response:
+    learning = _learning(request.app[WORKER])
+    await learning.stop()
+    return web.json_response(learning.status.to_dict())
 
 
 # --- chat completions ---------------------------------------------------------------
@@ -288,6 +330,13 @@ async def _stream_payloads(
 # --- the app --------------------------------------------------------------------------
 
 
+async def _stop_learning(app: web.Application) -> AsyncIterator[None]:
+    yield
+    learning = app[WORKER].learning
+    if learning is not None:
+        await learning.stop()
+
+
 async def _watch_loop_lag(app: web.Application) -> AsyncIterator[None]:
     """Measure how late the event loop wakes from short naps (``/metrics``)."""
 
@@ -317,5 +366,9 @@ def create_app(worker: Worker, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) 
     app.router.add_get("/v1/speculation", get_speculation)
     app.router.add_put("/v1/speculation", put_speculation)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get(LEARNING, get_learning)
+    app.router.add_post(LEARNING, start_learning)
+    app.router.add_delete(LEARNING, stop_learning)
     app.cleanup_ctx.append(_watch_loop_lag)
+    app.cleanup_ctx.append(_stop_learning)
     return app
