@@ -218,6 +218,10 @@ class WorkerClient(QObject):
     """The worker's speculation setting (``GET``/``PUT /v1/speculation``)."""
     speculation_failed = Signal(str)
     """A setting change was refused; the worker's message."""
+    learning_received = Signal(dict)
+    """The worker's head-learning status (``GET``/``POST``/``DELETE /v1/heads/learning``)."""
+    learning_failed = Signal(str)
+    """Reading, starting or stopping the head learning failed; why."""
     models_received = Signal(list)
     """``GET /v1/models`` data: ``[{id, anve: {role, max_context, memory_bytes}}]``."""
     engine_detected = Signal(object)
@@ -557,25 +561,51 @@ class WorkerClient(QObject):
         self._spawn(self._speculation("PUT", changes))
 
     async def _speculation(self, method: str, body: dict[str, Any] | None) -> None:
+        await self._setting_call(method, "/v1/speculation", body, self.speculation_received,
+                                 self.speculation_failed)
+
+    def fetch_learning(self) -> None:
+        """``GET /v1/heads/learning``: what the head learning is doing."""
+        self._learning("GET", None)
+
+    def start_learning(self, chats: list[list[dict[str, str]]],
+                       tuning: dict[str, int] | None = None) -> None:
+        """Start learning from ``chats`` (the office's past conversations) on the worker."""
+        self._learning("POST", {"conversations": chats, **(tuning or {})})
+
+    def stop_learning(self) -> None:
+        self._learning("DELETE", None)
+
+    def _learning(self, method: str, body: dict[str, Any] | None) -> None:
+        if self.foreign and self.engine is not None:
+            self.learning_failed.emit(f"{self.engine.name} has no draft head to train; "
+                                      "only an ANVE worker learns from the office")
+            return
+        self._spawn(self._setting_call(method, "/v1/heads/learning", body,
+                                       self.learning_received, self.learning_failed))
+
+    async def _setting_call(self, method: str, path: str, body: dict[str, Any] | None,
+                            received: Any, failed: Any) -> None:
+        """One request to our worker's settings API; the answer or the reason is emitted."""
         if self.url is None:
-            self.speculation_failed.emit("the worker is not running")
+            failed.emit("the worker is not running")
             return
         headers = {}
-        if method == "PUT" and self._admin_token:
+        if method != "GET" and self._admin_token:
             headers["Authorization"] = f"Bearer {self._admin_token}"
         try:
             async with self._http().request(
-                method, f"{self.url}/v1/speculation", json=body, headers=headers,
+                method, f"{self.url}{path}", json=body, headers=headers,
                 timeout=aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S),
             ) as resp:
                 data = await _json_or_none(resp)
-                if resp.status != 200:
+                if resp.status not in (200, 202) or not isinstance(data, dict):
                     raise WorkerError(error_message(data, resp.status))
         except (aiohttp.ClientError, TimeoutError, WorkerError) as exc:
-            log.warning("speculation %s failed: %s", method, exc)
-            self.speculation_failed.emit(str(exc) or type(exc).__name__)
+            log.warning("%s %s failed: %s", method, path, exc)
+            failed.emit(str(exc) or type(exc).__name__)
             return
-        self.speculation_received.emit(data)
+        received.emit(data)
 
     def fetch_models(self) -> None:
         if not (self.foreign and self._streams):  # see _poll_health

@@ -360,6 +360,28 @@ class Store:
         )
         return [json.loads(row["stats"]) for row in rows][::-1]
 
+    def answered_chats(self, max_chars: int) -> list[list[dict[str, str]]]:
+        """The newest chats with a complete answer, as the model saw them, oldest first.
+
+        Each is ``[{"role", "content"}, ...]``: its system prompt (if any) and its complete
+        messages; deleted chats are left out. Stops before ``max_chars`` of text.
+        """
+        chats: list[list[dict[str, str]]] = []
+        total = 0
+        for conversation in self.conversations():  # newest first
+            chat = [{"role": m.role, "content": m.content}
+                    for m in self.messages(conversation.id)
+                    if m.status == COMPLETE and m.content]
+            if not any(m["role"] == "assistant" for m in chat):
+                continue
+            if conversation.settings.system_prompt:
+                chat.insert(0, {"role": "system", "content": conversation.settings.system_prompt})
+            total += sum(len(m["content"]) for m in chat)
+            if total > max_chars:
+                break
+            chats.append(chat)
+        return chats[::-1]
+
     def search(self, text: str, limit: int = 50) -> list[Conversation]:
         """Conversations whose messages match every word of ``text`` (prefixes), best first."""
         query = fts_query(text)

@@ -254,6 +254,35 @@ def test_admin_refuses_a_wrong_passphrase_and_changes_the_method_live(
     assert record.startswith("scrypt$") and "horse" not in record
 
 
+def test_admin_learns_from_past_chats_and_the_worker_then_offers_eagle(
+    app: AnveApp, qtbot: QtBot, worker: WorkerProcess
+) -> None:
+    for question in ("def add(a, b):", "def mul(a, b):", "class Stack:", "def fib(n):"):
+        app.window.sidebar.new_chat()
+        ask(app, qtbot, question, max_tokens=24)
+    page, admin = app.window.admin_page, app.admin
+    app.window.show_page("admin")
+    with qtbot.waitSignal(admin.learning_refused, timeout=WAIT_MS) as refused:
+        page.learn()  # locked: nothing is read or sent
+    assert refused.args == ["Unlock the admin controls first."]
+    with qtbot.waitSignal(admin.unlocked, timeout=WAIT_MS):
+        page.unlock_with("correct horse battery")
+    with qtbot.waitSignal(admin.learning_changed, timeout=WAIT_MS,
+                          check_params_cb=lambda s: s["state"] == "running"):
+        page.learn({"steps": 4, "seq_len": 32, "tokens": 1200})
+    assert not page.learn_button.isEnabled() and page.stop_learning_button.isEnabled()
+    assert "Learning from 4 chats" in page.learning_status.text()
+    with qtbot.waitSignal(admin.learning_changed, timeout=240_000,
+                          check_params_cb=lambda s: s["state"] != "running") as done:
+        pass
+    assert done.args[0]["state"] == "installed", done.args[0]
+    assert "new draft head is in use" in page.learning_status.text()
+    qtbot.waitUntil(lambda: "eagle" in (page.setting.get("available_methods") or ()),
+                    timeout=WAIT_MS)
+    assert "eagle" in Http(worker.port).get("/v1/speculation").json()["available_methods"]
+    assert page.learn_button.isEnabled() and not page.stop_learning_button.isEnabled()
+
+
 # --- demo --------------------------------------------------------------------------------
 
 

@@ -60,6 +60,8 @@ MODELS = [
     {"id": "qwen2.5-coder-0.5b-instruct", "anve": {"role": "draft", "max_context": 32768,
                                                    "memory_bytes": 1_976_131_584}},
 ]
+LEARNING = {"state": "installed", "conversations": 212, "held_out_acceptance": 0.58,
+            "previous": 0.41}
 SETTING = {"enabled": True, "method": "draft", "num_draft_tokens": "adaptive",
            "load_threshold": 2, "available_methods": ["off", "ngram", "suffix", "draft"],
            "adaptive_available": True, "max_num_draft_tokens": 16}
@@ -186,8 +188,10 @@ def test_screenshots_light_and_dark(app: AnveApp, qapp: QApplication, qtbot: QtB
         shots.append(save(window.grab(), shots_dir / f"demo-{scheme}.png"))
         window.show_page("admin")
         if not app.admin.is_unlocked:
-            with qtbot.waitSignal(app.client.speculation_failed):  # no worker behind the URL
+            no_worker = [app.client.speculation_failed, app.client.learning_failed]
+            with qtbot.waitSignals(no_worker):  # there is no worker behind the URL
                 window.admin_page.unlock_with("correct horse battery")
+            window.admin_page.show_learning(LEARNING)
             window.admin_page.show_setting(SETTING)
             window.admin_page.show_models(MODELS)
         qtbot.wait(50)

@@ -153,6 +153,26 @@ def test_settings_and_demo_runs(store: Store) -> None:
     assert store.demo_runs()[0].plain["timeline"] == [[0.1, "hi"]]
 
 
+def test_answered_chats_are_what_the_model_saw_newest_within_the_budget(store: Store) -> None:
+    def chat(title: str, answer: str, prompt: str = "", status: str = COMPLETE) -> int:
+        c = store.create_conversation(title, ChatSettings(system_prompt=prompt))
+        store.add_message(c.id, "user", f"about {title}")
+        store.add_message(c.id, "assistant", answer, status=status)
+        return c.id
+
+    chat("old", "x" * 50)
+    chat("cut", "half an answer", status=INTERRUPTED)  # no complete answer: left out
+    gone = chat("deleted", "never sent")
+    store.delete(gone)
+    chat("new", "yes", prompt="Be brief.")
+    assert store.answered_chats(10_000) == [
+        [{"role": "user", "content": "about old"}, {"role": "assistant", "content": "x" * 50}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "about new"},
+         {"role": "assistant", "content": "yes"}],
+    ]
+    assert [c[-1]["content"] for c in store.answered_chats(40)] == ["yes"]  # newest first in
+
+
 def test_title_from_first_question() -> None:
     assert title_from("  Hello\n there ") == "Hello there"
     assert len(title_from("word " * 40)) <= 48

@@ -15,6 +15,7 @@ from app.controllers.demo import DemoController
 from app.models.answers import RecentAnswersModel
 from app.models.messages import MessageListModel
 from app.store import AsyncStore, ChatSettings, DemoRun, Message, Store
+from app.widgets.admin_page import describe_learning
 from app.widgets.composer import Composer
 from app.widgets.demo_page import DemoPage
 from app.widgets.message_view import ChatView, CodeBlock, MarkdownBody, TextBlock
@@ -148,3 +149,16 @@ def test_demo_replays_measured_timings(qtbot: QtBot, demo_page: DemoPage) -> Non
     assert demo_page.panes["plain"].text.toPlainText() != "a b c"  # the slow side lags
     qtbot.waitUntil(lambda: not demo_page.replaying)
     assert demo_page.panes["plain"].text.toPlainText() == "a b c"
+
+
+def test_learning_status_lines() -> None:
+    running = describe_learning({"state": "running", "conversations": 9, "message": "step 3/100"})
+    assert running == ("Learning from 9 chats at low priority… step 3/100", "")
+    done = describe_learning({"state": "installed", "held_out_acceptance": 0.5, "previous": 0.25})
+    assert done[1] == "Ok" and "50%" in done[0] and "previous head: 25%" in done[0]
+    first = describe_learning({"state": "installed", "held_out_acceptance": 0.5, "previous": None})
+    assert first[0].endswith("held-out chats: 50%.")
+    assert describe_learning({"state": "kept"})[0].startswith("Done: the current head")
+    assert describe_learning({"state": "failed", "message": "no memory"}) == (
+        "Learning failed: no memory", "Error")
+    assert "stay in the office" in describe_learning({"state": "idle"})[0]

@@ -11,13 +11,20 @@ checks the address, stores it with its access token under the ``worker`` setting
 the history file, mode 0600) and emits :attr:`server_chosen`; :meth:`use_local_worker`
 clears it. The app attaches to the saved server at start (``anve --worker URL``
 overrides it for one session).
+
+"Learn from this office": :meth:`AdminController.learn_from_office` reads the newest
+answered chats from the history (off the event loop) and hands them to our worker,
+which fine-tunes its EAGLE draft head in the background at low priority and swaps it in
+only if it drafts better on chats it did not train on. While a run goes on the status
+is polled every ``LEARNING_POLL_S``; :attr:`learning_changed` carries each status and
+the speculation setting is read again when the run ends (``eagle`` may be new).
 """
 
 import asyncio
 import logging
 from typing import Any
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.client import WorkerClient, normalise_url
 from app.passphrase import hash_passphrase, verify, weakness
@@ -29,6 +36,8 @@ log = logging.getLogger(__name__)
 PASSPHRASE_KEY = "admin_passphrase"
 WORKER_KEY = "worker"  # {"url": ..., "token": ...} of a server to attach to; None: local
 REFUSAL_DELAY_S = 0.8
+LEARNING_POLL_S = 2.0
+LEARNING_MAX_CHARS = 1_000_000  # of chat text sent to the worker (its body limit is 2 MiB)
 
 
 class AdminController(QObject):
@@ -47,6 +56,10 @@ class AdminController(QObject):
     """The admin chose a server: address and access token (both None: the local worker)."""
     server_refused = Signal(str)
     """A server address could not be used as written; why."""
+    learning_changed = Signal(dict)
+    """The worker's head-learning status (state, message, conversations, acceptance)."""
+    learning_refused = Signal(str)
+    """Learning could not start, be read or be stopped; why."""
 
     def __init__(self, db: AsyncStore, client: WorkerClient, parent: QObject | None = None):
         super().__init__(parent)
@@ -55,6 +68,13 @@ class AdminController(QObject):
         self.is_unlocked = False
         self.has_passphrase = False
         self._tasks = TaskSet(lambda what, exc: self.refused.emit(f"{what} failed: {exc}"))
+        self.learning_state = "idle"
+        self._poll = QTimer(self)
+        self._poll.setSingleShot(True)
+        self._poll.setInterval(int(LEARNING_POLL_S * 1000))
+        self._poll.timeout.connect(client.fetch_learning)
+        client.learning_received.connect(self._learning_received)
+        client.learning_failed.connect(self.learning_refused)
 
     def load(self) -> None:
         self._tasks.spawn(self._load(), "Reading the admin setting")
@@ -110,6 +130,7 @@ class AdminController(QObject):
         self.unlocked.emit()
         self.client.fetch_speculation()
         self.client.fetch_models()
+        self.client.fetch_learning()
 
     def lock(self) -> None:
         self.is_unlocked = False
@@ -152,3 +173,35 @@ class AdminController(QObject):
         log.info("admin changes speculation: %s", changes)
         self.client.update_speculation(changes)
         return True
+
+    def learn_from_office(self, tuning: dict[str, int] | None = None) -> bool:
+        """Send the office's past chats to the worker to train its draft head on."""
+        if not self.is_unlocked:
+            self.learning_refused.emit("Unlock the admin controls first.")
+            return False
+        self._tasks.spawn(self._learn(tuning), "Reading the chat history")
+        return True
+
+    async def _learn(self, tuning: dict[str, int] | None) -> None:
+        chats = await self.db.call(Store.answered_chats, LEARNING_MAX_CHARS)
+        if not chats:
+            self.learning_refused.emit("There are no answered chats to learn from yet.")
+            return
+        log.info("admin starts head learning on %d chats", len(chats))
+        self.client.start_learning(chats, tuning)
+
+    def stop_learning(self) -> None:
+        if not self.is_unlocked:
+            self.learning_refused.emit("Unlock the admin controls first.")
+            return
+        log.info("admin stops the head learning")
+        self.client.stop_learning()
+
+    def _learning_received(self, status: dict[str, Any]) -> None:
+        state = str(status.get("state") or "idle")
+        if self.learning_state == "running" and state != "running":
+            self.client.fetch_speculation()  # a new head may have added eagle
+        self.learning_state = state
+        if state == "running":
+            self._poll.start()
+        self.learning_changed.emit(status)

@@ -8,7 +8,9 @@ and names the engine behind it (our worker, vLLM, llama.cpp's server or another
 OpenAI-compatible server). On a foreign engine the speculation controls are read-only
 and say where that engine's speculation is configured. The "Server" card attaches the
 app to any OpenAI-compatible server (address and access token) or back to the local
-worker; a server that cannot be used says why in the window.
+worker; a server that cannot be used says why in the window. The "Learn from this
+office" card starts, follows and stops the worker's training of its draft head on the
+office's own past chats (only on our worker).
 """
 
 from typing import Any
@@ -27,6 +29,7 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QPushButton,
     QRadioButton,
+    QScrollArea,
     QSpinBox,
     QStackedWidget,
     QTableWidget,
@@ -52,6 +55,29 @@ def describe_setting(setting: dict[str, Any]) -> str:
     state = "on" if setting.get("enabled") else "off"
     return (f"speculation {state} · {method_name(setting.get('method'))} · {drafts} · "
             f"switch off above {setting.get('load_threshold')} waiting")
+
+
+def describe_learning(status: dict[str, Any]) -> tuple[str, str]:
+    """The learning card's line and its style (``""``, ``"Ok"`` or ``"Error"``)."""
+    state, message = status.get("state"), str(status.get("message") or "")
+    new, old = status.get("held_out_acceptance"), status.get("previous")
+    scores = ""
+    if isinstance(new, int | float):
+        scores = f" Drafts accepted on held-out chats: {new:.0%}"
+        scores += f" (the previous head: {old:.0%})." if isinstance(old, int | float) else "."
+    if state == "running":
+        chats = int(status.get("conversations") or 0)
+        return f"Learning from {chats} chats at low priority… {message}", ""
+    if state == "installed":
+        return f"Done: the new draft head is in use.{scores}", "Ok"
+    if state == "kept":
+        return f"Done: the current head drafts as well or better, so it stays.{scores}", ""
+    if state == "stopped":
+        return "Stopped; the current head stays.", ""
+    if state == "failed":
+        return f"Learning failed: {message}", "Error"
+    return ("Not run since the worker started. Chats stay in the office: they go only to "
+            "this appliance's worker."), ""
 
 
 def megabytes(n: int) -> str:
@@ -123,6 +149,8 @@ class AdminPage(QWidget):
         controller.server_loaded.connect(self.server_url.setText)
         controller.server_refused.connect(lambda why: self._server_status(why, "Error"))
         controller.server_chosen.connect(self._server_chosen)
+        controller.learning_changed.connect(self.show_learning)
+        controller.learning_refused.connect(lambda why: self._learning_status(why, "Error"))
 
     # --- the gate ---------------------------------------------------------------------------
 
@@ -199,14 +227,67 @@ class AdminPage(QWidget):
 
     def _controls(self) -> QWidget:
         holder = QWidget()
+        holder.setObjectName("Page")
         column = QVBoxLayout(holder)
         column.setContentsMargins(0, 0, 0, 0)
         column.setSpacing(16)
-        for card in (self._speculation_card(), self._worker_card(), self._server_card()):
+        cards = (self._speculation_card(), self._learning_card(), self._worker_card(),
+                 self._server_card())
+        for card in cards:
             card.setMaximumWidth(760)
             column.addWidget(card)
         column.addStretch(1)
-        return holder
+        scroll = QScrollArea()
+        scroll.setObjectName("AdminScroll")
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setWidget(holder)
+        return scroll
+
+    def _learning_card(self) -> QWidget:
+        frame, layout = card_frame("Learn from this office")
+        note = QLabel("Train the EAGLE draft head on this office's past chats, in the "
+                      "background at low priority. The new head replaces the current one only "
+                      "if it drafts better on chats it did not train on; answers stay the same.")
+        note.setObjectName("Muted")
+        note.setWordWrap(True)
+        self.learning_status = QLabel("")
+        self.learning_status.setWordWrap(True)
+        self.learn_button = QPushButton("Learn from past chats")
+        self.learn_button.setObjectName("Primary")
+        self.learn_button.clicked.connect(lambda: self.learn())
+        self.stop_learning_button = QPushButton("Stop")
+        self.stop_learning_button.clicked.connect(self.controller.stop_learning)
+        self.stop_learning_button.setEnabled(False)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.stop_learning_button)
+        buttons.addStretch()
+        buttons.addWidget(self.learn_button)
+        layout.addWidget(note)
+        layout.addWidget(self.learning_status)
+        layout.addLayout(buttons)
+        self.learning_card = frame
+        self.show_learning({"state": "idle"})
+        return frame
+
+    def learn(self, tuning: dict[str, int] | None = None) -> None:
+        self._learning_status("Reading the chat history…", "")
+        self.learn_button.setEnabled(False)
+        if not self.controller.learn_from_office(tuning):
+            self.learn_button.setEnabled(True)
+
+    def show_learning(self, status: dict[str, Any]) -> None:
+        running = status.get("state") == "running"
+        self.learn_button.setEnabled(not running)
+        self.stop_learning_button.setEnabled(running)
+        self._learning_status(*describe_learning(status))
+
+    def _learning_status(self, text: str, kind: str) -> None:
+        if kind == "Error":
+            self.learn_button.setEnabled(True)
+        self.learning_status.setObjectName(kind)
+        self.learning_status.setText(text)
+        self.learning_status.style().polish(self.learning_status)
 
     def _speculation_card(self) -> QWidget:
         frame, layout = card_frame("Speculative decoding")
@@ -456,5 +537,6 @@ class AdminPage(QWidget):
             self.length.setEnabled(self.fixed.isChecked())
             self.adaptive.setEnabled(bool(self.setting.get("adaptive_available")))
         self.foreign_note.setVisible(foreign)
+        self.learning_card.setVisible(not foreign)
         self.spec_form.setVisible(not foreign)
         self.apply_button.setVisible(not foreign)
