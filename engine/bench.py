@@ -17,6 +17,10 @@ of a target forward over ``k`` tokens with a warm cache, and the memory-bandwidt
 ceiling (copy bandwidth / bytes of weights read per token). ``--quick`` uses the
 light profile and four prompts. Results go to a JSON file and a Markdown table.
 
+Rows run interleaved: prompt by prompt, every row in an order that rotates by one per
+prompt, so a slow spell of the (shared, noisy) machine falls on all rows alike. Each
+row keeps its own adaptive policies and suffix corpus from prompt to prompt.
+
 Every row runs on the same loaded models, so the peers' rows use our fast linear
 layers too (``--accel``, default ``auto``: the GGUF's int4 codes) and the comparison
 is between decoding algorithms on the same weights. ``--accel off`` measures the
@@ -102,11 +106,19 @@ def peak_rss(row: Row) -> Iterator[None]:
         thread.join()
 
 
-def reset(engine: ChatEngine) -> None:
-    """Fresh caches and policies, and an empty suffix corpus, before each row."""
+@dataclass
+class RowState:
+    """What one row carries from prompt to prompt: its policies and suffix corpus only."""
+
+    policies: dict[str, Any] = field(default_factory=dict)
+    suffix: SuffixDrafter = field(default_factory=SuffixDrafter)
+
+
+def enter(engine: ChatEngine, state: RowState) -> None:
+    """Give the engine this row's state, with fresh caches (no other row's traces)."""
     engine.runner.reset()
-    engine.policies.clear()
-    engine.drafters["suffix"] = SuffixDrafter()
+    engine.policies = state.policies
+    engine.drafters["suffix"] = state.suffix
     for drafter in engine.drafters.values():
         forget = getattr(drafter, "reset", None)  # drafters with a cache of their own
         if callable(forget):
@@ -350,21 +362,32 @@ def row_specs(engine: ChatEngine, k: int, max_tokens: int) -> list[RowSpec]:
     return specs + llama_cpp_specs(engine, k, max_tokens)
 
 
+def rotation(rows: int, prompt: int) -> list[int]:
+    """The order rows run in on prompt ``prompt``: shifted by one each prompt."""
+    return [(prompt + i) % rows for i in range(rows)]
+
+
 def run_rows(engine: ChatEngine, specs: list[RowSpec], prompts: list[dict[str, str]]) -> list[Row]:
+    """Every row on every prompt, interleaved: prompt by prompt, rows in rotating order.
+
+    A slow spell of the machine then falls on all rows alike instead of on whole rows.
+    Each row keeps its own adaptive policies and suffix corpus across its prompts.
+    """
     encoded = [(p["kind"], engine.encode([{"role": "user", "content": p["prompt"]}]))
                for p in prompts]
-    rows = []
-    for name, fn in specs:
-        row = Row(name)
-        reset(engine)
-        fn(engine, encoded[0][1][:32], encoded[0][0])  # warm-up, not measured
-        reset(engine)
-        with peak_rss(row):
-            for kind, ids in encoded:
-                row.runs.append(fn(engine, ids, kind))
-        log.info("%-36s %6.2f tok/s", name,
+    rows, states = [Row(name) for name, _ in specs], [RowState() for _ in specs]
+    for _, fn in specs:
+        enter(engine, RowState())
+        fn(engine, encoded[0][1][:32], encoded[0][0])  # warm-up (and lazy loads), not measured
+    for i, (kind, ids) in enumerate(encoded):
+        for r in rotation(len(specs), i):
+            enter(engine, states[r])
+            with peak_rss(rows[r]):
+                rows[r].runs.append(specs[r][1](engine, ids, kind))
+        log.info("prompt %d/%d (%s) done", i + 1, len(encoded), kind)
+    for row in rows:
+        log.info("%-36s %6.2f tok/s", row.name,
                  sum(len(r.tokens) for r in row.runs) / sum(r.seconds for r in row.runs))
-        rows.append(row)
     return rows
 
 

@@ -96,3 +96,24 @@ def test_the_stock_row_has_no_identity_claim_but_a_speedup() -> None:
     table = {r["row"]: r for r in bench.summarise([ours, stock], KINDS) if r["kind"] == "overall"}
     assert table["plain (ours)"]["identical"] == "1/1"
     assert table[bench.STOCK]["identical"] is None and table[bench.STOCK]["speedup"] == 1 / 3
+
+
+def test_rows_rotate_per_prompt_and_keep_their_own_suffix_corpus() -> None:
+    assert [bench.rotation(3, i) for i in range(4)] == [[0, 1, 2], [1, 2, 0], [2, 0, 1],
+                                                        [0, 1, 2]]
+    engine = ChatEngine(tiny_loaded(seed=2, scale=8.0))
+    prompts = [{"kind": "code editing", "prompt": "abc abc abc abc"},
+               {"kind": "free chat", "prompt": "abc abc abc abc"}]
+    seen: list[tuple[str, int]] = []
+
+    def row(name: str) -> bench.RowSpec:
+        def run(e: ChatEngine, ids: list[int], kind: str) -> bench.Run:
+            seen.append((name, len(e.drafters["suffix"].index.docs)))  # type: ignore[attr-defined]
+            return bench.run_ours(e, ids, kind, "suffix", 2, 6)
+        return name, run
+
+    rows = bench.run_rows(engine, [row("a"), row("b")], prompts)
+    assert [len(r.runs) for r in rows] == [2, 2]
+    # warm-ups, then prompt 0 in order a, b and prompt 1 in order b, a; each row's corpus
+    # holds only its own earlier answers
+    assert seen == [("a", 0), ("b", 0), ("a", 0), ("b", 0), ("b", 1), ("a", 1)]
