@@ -8,6 +8,10 @@ feeding the tokens one at a time gives. Longer inputs (prefill) and batches use 
 ``sdpa`` with its usual causal mask, as do sliding-window layers. Assumes no padding
 (the engine decodes one unpadded sequence).
 
+Where the native kernels run (:func:`engine.kernels.row_attention`), float32 rows go
+through one C call that computes each row the same way, in place of one ``sdpa`` call
+per row (about 0.2 ms each on this CPU, 28 layers deep).
+
 Why: torch's attention and float32 ``F.linear`` pick different kernels for 1 and k rows,
 so a k-token verification differs from k decoding steps in the last bits; bfloat16
 activations (the int4 path) amplify that to ~0.3 in the logits. With every linear
@@ -23,6 +27,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from engine import kernels
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +48,9 @@ def row_attention(
     q_len, kv_len = query.shape[2], key.shape[2]
     if query.shape[0] != 1 or q_len > MAX_ROWS or getattr(module, "sliding_window", None):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if native_fits(query, key, value, kwargs):
+        scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
+        return kernels.row_attention(query, key, value, float(scaling)), None
     rows = []
     for i in range(q_len):
         end = kv_len - q_len + i + 1  # row i sees the cache up to its own position
@@ -50,6 +59,15 @@ def row_attention(
         )
         rows.append(out)  # [1, 1, H, Dh]
     return torch.cat(rows, dim=1), None
+
+
+def native_fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kwargs: dict[str, Any]) -> bool:
+    """Whether the native row attention computes this call (plain causal float32)."""
+    plain = not kwargs.get("dropout") and kwargs.get("softcap") is None
+    shapes = query.shape[-1] % 8 == 0 and query.shape[1] % key.shape[1] == 0
+    floats = all(t.dtype == torch.float32 for t in (query, key, value))
+    return plain and shapes and floats and kernels.available()
 
 
 AttentionInterface.register(ROW_ATTENTION, row_attention)

@@ -7,7 +7,9 @@ activations rounded to int8 per group of 32, and each output row is bit-identica
 whatever the number of rows (see the C++ file). When the kernels cannot run, the
 caller keeps torch's own kernels; nothing else changes. :func:`q4k_linear` and
 :func:`q6k_linear` run Q4_K and Q6_K tensors in their own integer form (activations
-rounded per 256 inputs, as llama.cpp).
+rounded per 256 inputs, as llama.cpp). :func:`row_attention` computes attention for a
+few query rows over the KV cache, each row over its own causal prefix and independent of
+the others (what :mod:`engine.invariant` needs), without a Python call per row.
 
 The shared library is compiled with the system ``c++`` into the user cache folder
 (``~/.cache/anve/kernels``, or ``ANVE_KERNEL_DIR``), named by a hash of the source and
@@ -86,6 +88,9 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.anve_q4k_linear.restype = None
     lib.anve_q6k_linear.argtypes = [_P, _I, _I, _P, _P, _P, _P, _P, _I]
     lib.anve_q6k_linear.restype = None
+    lib.anve_row_attention.argtypes = [_P, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_int64,
+                                       ctypes.c_float]
+    lib.anve_row_attention.restype = None
     return lib
 
 
@@ -161,6 +166,31 @@ def q8_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor,
     """``x [..., K] @ W.T (+ bias)`` with W given as int8 codes ``[N, K]`` times a float32
     per-row ``scale [N]``; bias float32 ``[N]``. Returns float32 ``[..., N]``."""
     return _linear("anve_q8_linear", x, (codes.shape[0], codes.shape[1]), (codes, scale), bias)
+
+
+def _cache_view(t: torch.Tensor) -> torch.Tensor:
+    """``t [1, Hkv, L, Dh]`` with positions ``Dh`` apart and unit steps inside a row."""
+    if t.stride(-1) == 1 and t.stride(-2) == t.shape[-1]:
+        return t
+    return t.contiguous()
+
+
+def row_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  scaling: float) -> torch.Tensor:
+    """Causal attention of ``q [1, H, T, Dh]`` (the last ``T`` positions) over the cache
+    ``k``, ``v [1, Hkv, L, Dh]``, all float32; returns ``[1, T, H, Dh]``. Row ``t`` sees
+    positions ``0 .. L - T + t``; ``Dh`` must be a multiple of 8."""
+    lib = _library_or_raise()
+    _, h, t, dh = q.shape
+    hkv, length = k.shape[1], k.shape[2]
+    q = q.contiguous()
+    k, v = _cache_view(k), _cache_view(v)
+    if k.stride(1) != v.stride(1):
+        k, v = k.contiguous(), v.contiguous()
+    out = torch.empty(1, t, h, dh, dtype=torch.float32)
+    lib.anve_row_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), h, hkv,
+                           t, length, dh, k.stride(1), scaling)
+    return out
 
 
 def main() -> int:

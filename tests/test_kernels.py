@@ -236,3 +236,32 @@ def test_q6k_kernel_holds_the_gguf_weight_and_matches_the_reference(
     assert close(y, q6k_reference(x, blocks, layer.bias))
     for m in range(1, 9):
         assert torch.equal(layer(x[:m]), y[:m])
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Row ``t`` of ``q [1, H, T, Dh]`` over its causal prefix of ``k``, ``v``, in float64."""
+    _, h, t, dh = q.shape
+    group, length = h // k.shape[1], k.shape[2]
+    out = torch.empty(1, t, h, dh, dtype=torch.float64)
+    for row in range(t):
+        end = length - t + row + 1
+        for head in range(h):
+            keys = k[0, head // group, :end].double()  # [end, Dh]
+            weights = (keys @ q[0, head, row].double() * dh**-0.5).softmax(-1)  # [end]
+            out[0, row, head] = weights @ v[0, head // group, :end].double()
+    return out
+
+
+def test_row_attention_matches_the_reference_and_each_row_stands_alone() -> None:
+    torch.manual_seed(0)
+    capacity, length, rows = 80, 57, 5
+    buffer = torch.randn(2, 1, 2, capacity, 16)  # keys, values with room to grow
+    k, v = buffer[0, :, :, :length], buffer[1, :, :, :length]  # [1, Hkv, L, Dh] views
+    q = torch.randn(1, 6, rows, 16)
+    out = kernels.row_attention(q, k, v, 16**-0.5)
+    assert torch.allclose(out.double(), reference_attention(q, k, v), atol=1e-5)
+    for t in range(rows):  # the same row computed alone, with the cache cut at its end
+        end = length - rows + t + 1
+        alone = kernels.row_attention(q[:, :, t : t + 1], k[:, :, :end], v[:, :, :end],
+                                      16**-0.5)
+        assert torch.equal(alone[:, 0], out[:, t])

@@ -20,6 +20,11 @@
 //       and float32 d per 256: w = d * sc * code. Activations rounded per 256 inputs.
 //   q8: int8 codes per output row with one float scale: w = code * scale.
 // Threads: OpenMP over output features (the process's one OpenMP runtime, torch's).
+//
+// Row attention (anve_row_attention): softmax(q . k^T * scaling) . v in float32 for T
+// query rows, each over its own causal prefix of the cache, one (row, head) pair per
+// task, every sum in a fixed order: a row's output never depends on how many rows came
+// with it, like the linear kernels above.
 
 #include <immintrin.h>
 #include <math.h>
@@ -269,6 +274,37 @@ void q8_rows(const QuantRows xq, int K, const int8_t *codes, const float *scale,
     }
 }
 
+
+// Dot product of two float vectors of n (a multiple of 8), in a fixed order.
+inline float dot8(const float *a, const float *b, int n) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    return hsum(acc);
+}
+
+// One query row of one head: out[Dh] = softmax(q . K[:len]^T * scaling) . V[:len].
+void attend_row(const float *q, const float *k, const float *v, int len, int Dh, float scaling,
+                float *scores, float *out) {
+    float top = -INFINITY;
+    for (int j = 0; j < len; ++j) {
+        scores[j] = dot8(q, k + (int64_t)j * Dh, Dh) * scaling;
+        top = fmaxf(top, scores[j]);
+    }
+    float total = 0.0f;
+    for (int j = 0; j < len; ++j) {
+        scores[j] = expf(scores[j] - top);
+        total += scores[j];
+    }
+    for (int i = 0; i < Dh; i += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int j = 0; j < len; ++j)
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[j]),
+                                  _mm256_loadu_ps(v + (int64_t)j * Dh + i), acc);
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(acc, _mm256_set1_ps(1.0f / total)));
+    }
+}
+
 QuantRows rows_from(const QuantRows &q, int m0, int K) {
     const int64_t G = K / GROUP;
     return {q.codes + m0 * (int64_t)K, q.scale + m0 * G, q.sum + m0 * G};
@@ -329,17 +365,9 @@ struct Scratch {
         default: FN<8>(__VA_ARGS__); break;        \
     }
 
-#define DISPATCH4(FN, ...)                         \
-    switch (mm) {                                  \
-        case 1: FN<1>(__VA_ARGS__); break;         \
-        case 2: FN<2>(__VA_ARGS__); break;         \
-        case 3: FN<3>(__VA_ARGS__); break;         \
-        default: FN<4>(__VA_ARGS__); break;        \
-    }
-
 extern "C" {
 
-int anve_qdot_version(void) { return 3; }
+int anve_qdot_version(void) { return 4; }
 
 // y[M, N] = x[M, K] . W^T (+ bias), W in q4 form; K a multiple of 32.
 void anve_q4_linear(const float *x, int M, int K, const uint8_t *codes, const uint16_t *scale,
@@ -371,9 +399,8 @@ void anve_q4k_linear(const float *x, int M, int K, const uint8_t *codes, const i
     const QuantRows256 rows = scratch.rows256(M, K);
     quantize_rows_256(x, M, K, rows);
     const Q4KWeights w = {codes, sc, mn, d, dmin};
-    // 4 rows per pass: two accumulators per row stay in the 16 vector registers.
-    over_rows<4>(M, N, K, y, rows, [&](int mm, QuantRows256 xq, float *out, int n0, int n1) {
-        DISPATCH4(q4k_rows, xq, K, w, bias, out, N, n0, n1)
+    over_rows<MAX_M>(M, N, K, y, rows, [&](int mm, QuantRows256 xq, float *out, int n0, int n1) {
+        DISPATCH(q4k_rows, xq, K, w, bias, out, N, n0, n1)
     });
 }
 
@@ -384,9 +411,28 @@ void anve_q6k_linear(const float *x, int M, int K, const int8_t *q, const int8_t
     const QuantRows256 rows = scratch.rows256(M, K);
     quantize_rows_256(x, M, K, rows);
     const Q6KWeights w = {q, sc, d};
-    over_rows<4>(M, N, K, y, rows, [&](int mm, QuantRows256 xq, float *out, int n0, int n1) {
-        DISPATCH4(q6k_rows, xq, K, w, bias, out, N, n0, n1)
+    over_rows<MAX_M>(M, N, K, y, rows, [&](int mm, QuantRows256 xq, float *out, int n0, int n1) {
+        DISPATCH(q6k_rows, xq, K, w, bias, out, N, n0, n1)
     });
+}
+
+// out[T, H, Dh] = attention of q[H, T, Dh] over the cache k, v [Hkv, >= L, Dh] (head h
+// starts at h * head_stride floats; positions Dh apart): query row t sees positions
+// 0 .. L - T + t. H a multiple of Hkv (grouped heads), Dh a multiple of 8.
+void anve_row_attention(const float *q, const float *k, const float *v, float *out, int H,
+                        int Hkv, int T, int L, int Dh, int64_t head_stride, float scaling) {
+    const int group = H / Hkv;
+#pragma omp parallel
+    {
+        float *scores = (float *)malloc(sizeof(float) * (size_t)L);
+#pragma omp for schedule(static)
+        for (int task = 0; task < T * H; ++task) {
+            const int t = task / H, h = task % H, kv = h / group;
+            attend_row(q + ((int64_t)h * T + t) * Dh, k + kv * head_stride, v + kv * head_stride,
+                       L - T + t + 1, Dh, scaling, scores, out + ((int64_t)t * H + h) * Dh);
+        }
+        free(scores);
+    }
 }
 
 }  // extern "C"
