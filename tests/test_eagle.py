@@ -34,11 +34,12 @@ def head_info(target: torch.nn.Module, name: str, sha: str | None = None) -> Hea
                     HeadConfig.for_target(target.config, intermediate_size=32))
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_greedy_eagle_equals_greedy_plain(kind: str) -> None:
+@pytest.mark.parametrize(("kind", "draft_vocab"), [("llama", 64), ("qwen2", 64), ("llama", 40)])
+def test_greedy_eagle_equals_greedy_plain(kind: str, draft_vocab: int) -> None:
     vocab = 64
     target = tiny_model(kind, vocab_size=vocab, seed=1, scale=4.0)
-    drafter = EagleDrafter(random_head(target), target, min_confidence=0.0)
+    drafter = EagleDrafter(random_head(target), target, min_confidence=0.0,
+                           draft_vocab=draft_vocab, keep_ids=[vocab - 1])
     drafted = 0
     for i, prompt in enumerate(prompts(4, vocab, seed=10)):
         plain = run(target, prompt, n=16)
@@ -71,12 +72,15 @@ def test_head_cache_after_rollbacks_equals_a_fresh_head() -> None:
     assert used.cache.get_seq_length() == len(context) - 1
 
 
-def test_eagle_sampling_matches_plain_sampling() -> None:
+@pytest.mark.parametrize("draft_vocab", [5, 3])
+def test_eagle_sampling_matches_plain_sampling(draft_vocab: int) -> None:
     vocab = 5
     target = tiny_model("llama", vocab_size=vocab, seed=11, scale=3.0)
     prompt = [1, 2, 3]
     exact = _exact_two_token_distribution(target, prompt)
-    drafter = EagleDrafter(random_head(target, seed=12), target, min_confidence=0.0)
+    # a draft vocabulary of 3 ids never proposes ids 3 and 4: the target still emits them
+    drafter = EagleDrafter(random_head(target, seed=12), target, min_confidence=0.0,
+                           draft_vocab=draft_vocab)
     counts = torch.zeros(vocab * vocab)
     runner = ModelRunner(target)
     accepted = 0

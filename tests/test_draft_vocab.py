@@ -1,0 +1,50 @@
+"""The short output layer of drafters: the kept ids' logits unchanged, the rest ``-inf``."""
+
+import pytest
+import torch
+from torch import nn
+
+from engine import kernels
+from engine.drafters.vocab import ShortHead, short_head
+from engine.fastlinear import Q4Linear, Q8Linear
+
+VOCAB, HIDDEN, SIZE = 96, 64, 40
+
+
+def check(layer: nn.Module, exact: bool) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(3, HIDDEN)
+    short = short_head(layer, extra_ids=[90, 3, 95], size=SIZE)
+    assert isinstance(short, ShortHead)
+    full, out = layer(x), short(x)  # [3, V]
+    kept = torch.tensor([*range(SIZE), 90, 95])
+    same = torch.equal if exact else torch.allclose
+    assert same(out[:, kept], full[:, kept])
+    dropped = torch.ones(VOCAB, dtype=torch.bool)
+    dropped[kept] = False
+    assert torch.isinf(out[:, dropped]).all() and (out[:, dropped] < 0).all()
+
+
+def test_a_dense_head_keeps_the_frequent_and_named_ids() -> None:
+    torch.manual_seed(1)
+    check(nn.Linear(HIDDEN, VOCAB, bias=True), exact=False)
+
+
+@pytest.mark.skipif(not kernels.available(), reason="needs the native kernels (AVX2)")
+@pytest.mark.parametrize("kind", ["q4", "q8"])
+def test_quantized_heads_give_the_same_rows_bit_for_bit(kind: str) -> None:
+    torch.manual_seed(2)
+    weight, bias = torch.randn(VOCAB, HIDDEN), torch.randn(VOCAB)
+    layer = Q4Linear.from_dense(weight, bias) if kind == "q4" else Q8Linear.from_weight(weight)
+    check(layer, exact=True)
+
+
+def test_a_small_vocabulary_or_an_unknown_layer_is_left_alone() -> None:
+    small = nn.Linear(HIDDEN, SIZE)
+    assert short_head(small, [], size=SIZE) is small
+
+    class Odd(nn.Module):
+        out_features = VOCAB
+
+    odd = Odd()
+    assert short_head(odd, [], size=SIZE) is odd
