@@ -38,12 +38,16 @@ whatever the number of rows (their kernels reduce each row on its own);
 :mod:`engine.accelerate` swaps these layers into a loaded model.
 """
 
+from collections.abc import Callable, Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine import kernels
 from engine.quant import GROUP, GroupQuant, Q6Blocks
+
+Part = tuple[str, tuple[torch.Tensor, ...], torch.Tensor | None]  # form, weights, bias
 
 SMALL_ROWS = 32  # up to this many rows FastLinear computes (W @ x.T).T
 KERNEL_DTYPE = torch.bfloat16  # the int4/int8 kernels' fast path on AVX2
@@ -218,6 +222,9 @@ class Q4Linear(QuantizedLinear):
                             scale.float(), offset.float())
         return cls.from_groups(groups, bias)
 
+    def part(self) -> Part:
+        return "q4", (self.codes, self.scale, self.offset), self.bias
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = kernels.q4_linear(x, self.codes, self.scale, self.offset, self.bias)
         return y.to(x.dtype)
@@ -260,6 +267,9 @@ class Q4KLinear(QuantizedLinear):
         return cls(codes, b.sc.contiguous(), b.mn.contiguous(), b.d.float().contiguous(),
                    b.dmin.float().contiguous(), _float_bias(bias))
 
+    def part(self) -> Part:
+        return "q4k", (self.codes, self.sc, self.mn, self.d, self.dmin), self.bias
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = kernels.q4k_linear(x, self.codes, self.sc, self.mn, self.d, self.dmin, self.bias)
         return y.to(x.dtype)
@@ -293,6 +303,9 @@ class Q6KLinear(QuantizedLinear):
         return cls(b.q.contiguous(), b.sc.contiguous(), b.d.float().contiguous(),
                    _float_bias(bias))
 
+    def part(self) -> Part:
+        return "q6k", (self.q, self.sc, self.d), self.bias
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return kernels.q6k_linear(x, self.q, self.sc, self.d, self.bias).to(x.dtype)
 
@@ -319,8 +332,30 @@ class Q8Linear(QuantizedLinear):
         ref = Int8Linear.from_weight(weight)
         return cls(ref.q, ref.scale.float(), _float_bias(bias))
 
+    def part(self) -> Part:
+        return "q8", (self.q, self.scale), self.bias
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return kernels.q8_linear(x, self.q, self.scale, self.bias).to(x.dtype)
+
+
+def fused(layers: Sequence[nn.Module]) -> Callable[[torch.Tensor], list[torch.Tensor]] | None:
+    """One native call computing ``layers`` (same input) at once, or None where it cannot.
+
+    Each output is bit-identical to the layer's own ``forward`` (float32 inputs): the
+    kernels round the input once and compute every element as a lone call would.
+    """
+    sizes = {getattr(layer, "in_features", None) for layer in layers}
+    if len(sizes) != 1 or not all(hasattr(layer, "part") for layer in layers):
+        return None
+    k = int(sizes.pop() or 0)
+
+    def run(x: torch.Tensor) -> list[torch.Tensor]:
+        # the parts are read at every call: buffers replaced since stay safe
+        outs = kernels.Layers(k, [layer.part() for layer in layers])(x)  # type: ignore[operator]
+        return [y.to(x.dtype) for y in outs]
+
+    return run
 
 
 def native_fits(in_features: int) -> bool:

@@ -79,15 +79,19 @@ def build(path: Path) -> None:
         os.replace(out, path)
 
 
+class Part(ctypes.Structure):
+    """One layer of an ``anve_linear_parts`` call (the C ``Part``)."""
+
+    _fields_ = [("form", ctypes.c_int), ("n", ctypes.c_int), ("w", ctypes.c_void_p * 5),
+                ("bias", ctypes.c_void_p), ("y", ctypes.c_void_p)]
+
+
+FORMS = {"q4": 0, "q8": 1, "q4k": 2, "q6k": 3}
+
+
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    lib.anve_q4_linear.argtypes = [_P, _I, _I, _P, _P, _P, _P, _P, _I]
-    lib.anve_q4_linear.restype = None
-    lib.anve_q8_linear.argtypes = [_P, _I, _I, _P, _P, _P, _P, _I]
-    lib.anve_q8_linear.restype = None
-    lib.anve_q4k_linear.argtypes = [_P, _I, _I, _P, _P, _P, _P, _P, _P, _P, _I]
-    lib.anve_q4k_linear.restype = None
-    lib.anve_q6k_linear.argtypes = [_P, _I, _I, _P, _P, _P, _P, _P, _I]
-    lib.anve_q6k_linear.restype = None
+    lib.anve_linear_parts.argtypes = [_P, _I, _I, _I, ctypes.POINTER(Part)]
+    lib.anve_linear_parts.restype = None
     lib.anve_row_attention.argtypes = [_P, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_int64,
                                        ctypes.c_float]
     lib.anve_row_attention.restype = None
@@ -125,47 +129,68 @@ def _library_or_raise() -> ctypes.CDLL:
     return lib
 
 
-def _linear(entry: str, x: torch.Tensor, shape: tuple[int, int], weights: tuple[torch.Tensor, ...],
+class Layers:
+    """Quantized layers that read the same input, computed by one native call.
+
+    ``parts`` are ``(form, weights, bias)`` with ``form`` one of :data:`FORMS` and
+    ``weights`` the layer's arrays, ``[N, ...]`` first; the C structs are built once.
+    Calling with ``x [..., K]`` returns each layer's float32 ``[..., N]``.
+    """
+
+    def __init__(self, in_features: int,
+                 parts: list[tuple[str, tuple[torch.Tensor, ...], torch.Tensor | None]]) -> None:
+        self.k = in_features
+        self.keep = [(w, b) for _, w, b in parts]  # the arrays the pointers point into
+        self.sizes = [int(w[0].shape[0]) for _, w, _ in parts]
+        self.structs = (Part * len(parts))()
+        for struct, (form, weights, bias) in zip(self.structs, parts, strict=True):
+            struct.form, struct.n = FORMS[form], int(weights[0].shape[0])
+            for i, w in enumerate(weights):
+                struct.w[i] = w.data_ptr()
+            struct.bias = None if bias is None else bias.data_ptr()
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        lib = _library_or_raise()
+        x2 = x.reshape(-1, self.k).to(torch.float32).contiguous()  # [M, K]
+        m = x2.shape[0]
+        outs = [torch.empty(m, n, dtype=torch.float32) for n in self.sizes]  # [M, N] each
+        for struct, y in zip(self.structs, outs, strict=True):
+            struct.y = y.data_ptr()
+        lib.anve_linear_parts(x2.data_ptr(), m, self.k, len(outs), self.structs)
+        return [y.reshape(*x.shape[:-1], y.shape[1]) for y in outs]
+
+
+def _linear(form: str, x: torch.Tensor, k: int, weights: tuple[torch.Tensor, ...],
             bias: torch.Tensor | None) -> torch.Tensor:
-    """Call the C entry ``entry(x, M, K, *weights, bias, y, N)`` on ``x [..., K]``."""
-    lib = _library_or_raise()
-    n, k = shape
-    x2 = x.reshape(-1, k).to(torch.float32).contiguous()  # [M, K]
-    m = x2.shape[0]
-    y = torch.empty(m, n, dtype=torch.float32)  # [M, N]
-    getattr(lib, entry)(x2.data_ptr(), m, k, *(w.data_ptr() for w in weights),
-                        None if bias is None else bias.data_ptr(), y.data_ptr(), n)
-    return y.reshape(*x.shape[:-1], n)
+    return Layers(k, [(form, weights, bias)])(x)[0]
 
 
 def q4_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
               bias: torch.Tensor | None) -> torch.Tensor:
     """``x [..., K] @ W.T (+ bias)`` with W given as q4 codes ``[N, K/2]``, fp16 scale/offset
     ``[N, K/32]``; bias float32 ``[N]``. Returns float32 ``[..., N]``."""
-    shape = (codes.shape[0], codes.shape[1] * 2)
-    return _linear("anve_q4_linear", x, shape, (codes, scale, offset), bias)
+    return _linear("q4", x, codes.shape[1] * 2, (codes, scale, offset), bias)
 
 
 def q4k_linear(x: torch.Tensor, codes: torch.Tensor, sc: torch.Tensor, mn: torch.Tensor,
                d: torch.Tensor, dmin: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``x [..., K] @ W.T (+ bias)`` with W in Q4_K form: q4 codes ``[N, K/2]``, int16
     ``sc``/``mn`` ``[N, K/32]``, float32 ``d``/``dmin`` ``[N, K/256]``. Float32 out."""
-    shape = (codes.shape[0], codes.shape[1] * 2)
-    return _linear("anve_q4k_linear", x, shape, (codes, sc, mn, d, dmin), bias)
+    return _linear("q4k", x, codes.shape[1] * 2, (codes, sc, mn, d, dmin), bias)
 
 
 def q6k_linear(x: torch.Tensor, q: torch.Tensor, sc: torch.Tensor, d: torch.Tensor,
                bias: torch.Tensor | None) -> torch.Tensor:
     """``x [..., K] @ W.T (+ bias)`` with W in Q6_K form: int8 codes ``q [N, K]``, int8
     ``sc [N, K/16]``, float32 ``d [N, K/256]``. Float32 out."""
-    return _linear("anve_q6k_linear", x, (q.shape[0], q.shape[1]), (q, sc, d), bias)
+    return _linear("q6k", x, q.shape[1], (q, sc, d), bias)
 
 
 def q8_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor,
               bias: torch.Tensor | None) -> torch.Tensor:
     """``x [..., K] @ W.T (+ bias)`` with W given as int8 codes ``[N, K]`` times a float32
     per-row ``scale [N]``; bias float32 ``[N]``. Returns float32 ``[..., N]``."""
-    return _linear("anve_q8_linear", x, (codes.shape[0], codes.shape[1]), (codes, scale), bias)
+    return _linear("q8", x, codes.shape[1], (codes, scale), bias)
 
 
 def _cache_view(t: torch.Tensor) -> torch.Tensor:

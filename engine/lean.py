@@ -8,16 +8,19 @@ the last ``rows`` positions and, with ``keep``, the final normed hidden states: 
 very tensors ``model(input_ids=..., cache=..., logits_to_keep=rows)`` returns, bit for
 bit (same modules, same operations, same order; tested). It skips what a decoding step
 at batch 1 does not need: mask building, output records, kwargs plumbing and module
-hooks, about a fifth of a Qwen 1.5B step on this CPU. Longer inputs (prefill) go
-through the model's own forward.
+hooks, about a fifth of a Qwen 1.5B step on this CPU; and on our kernels it computes
+q, k, v and gate, up each in one native call (:func:`engine.fastlinear.fused`, the same
+numbers). Longer inputs (prefill) go through the model's own forward.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers.cache_utils import Cache
 
+from engine.fastlinear import fused
 from engine.invariant import MAX_ROWS, ROW_ATTENTION, row_attention
 
 SUPPORTED = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM"})
@@ -36,6 +39,8 @@ class _Layer:
     up: Any
     down: Any
     act: Any
+    qkv: Callable[[torch.Tensor], list[torch.Tensor]] | None  # q, k, v in one native call
+    gate_up: Callable[[torch.Tensor], list[torch.Tensor]] | None
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -55,16 +60,22 @@ class LeanStep:
         self.layers = [
             _Layer(d.self_attn, d.input_layernorm, d.self_attn.q_proj, d.self_attn.k_proj,
                    d.self_attn.v_proj, d.self_attn.o_proj, d.post_attention_layernorm,
-                   d.mlp.gate_proj, d.mlp.up_proj, d.mlp.down_proj, d.mlp.act_fn)
+                   d.mlp.gate_proj, d.mlp.up_proj, d.mlp.down_proj, d.mlp.act_fn,
+                   fused([d.self_attn.q_proj, d.self_attn.k_proj, d.self_attn.v_proj]),
+                   fused([d.mlp.gate_proj, d.mlp.up_proj]))
             for d in inner.layers
         ]
 
     def _attention(self, layer: _Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    cache: Cache, index: int) -> torch.Tensor:
         t, dh = h.shape[1], layer.attn.head_dim
-        q = layer.q.forward(h).view(1, t, -1, dh).transpose(1, 2)  # [1, H, T, Dh]
-        k = layer.k.forward(h).view(1, t, -1, dh).transpose(1, 2)  # [1, Hkv, T, Dh]
-        v = layer.v.forward(h).view(1, t, -1, dh).transpose(1, 2)
+        if layer.qkv is not None:
+            q, k, v = layer.qkv(h)
+        else:
+            q, k, v = layer.q.forward(h), layer.k.forward(h), layer.v.forward(h)
+        q = q.view(1, t, -1, dh).transpose(1, 2)  # [1, H, T, Dh]
+        k = k.view(1, t, -1, dh).transpose(1, 2)  # [1, Hkv, T, Dh]
+        v = v.view(1, t, -1, dh).transpose(1, 2)
         c, s = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, T, Dh]
         q, k = (q * c) + (_rotate_half(q) * s), (k * c) + (_rotate_half(k) * s)
         k, v = cache.update(k, v, index)  # [1, Hkv, L, Dh] each
@@ -85,7 +96,11 @@ class LeanStep:
         for index, layer in enumerate(self.layers):
             x = x + self._attention(layer, layer.norm1.forward(x), cos, sin, cache, index)
             h = layer.norm2.forward(x)
-            x = x + layer.down.forward(layer.act(layer.gate.forward(h)) * layer.up.forward(h))
+            if layer.gate_up is not None:
+                gate, up = layer.gate_up(h)
+            else:
+                gate, up = layer.gate.forward(h), layer.up.forward(h)
+            x = x + layer.down.forward(layer.act(gate) * up)
         x = self.norm.forward(x)  # [1, T, H]
         logits = self.lm_head.forward(x[:, -rows:, :])  # [1, rows, V]
         return logits, (x if keep else None)

@@ -10,7 +10,15 @@ from gguf import quants
 
 from engine import kernels
 from engine.accelerate import accelerate, cache_path
-from engine.fastlinear import Int8Linear, Q4KLinear, Q4Linear, Q6KLinear, Q8Linear, unpack_codes
+from engine.fastlinear import (
+    Int8Linear,
+    Q4KLinear,
+    Q4Linear,
+    Q6KLinear,
+    Q8Linear,
+    fused,
+    unpack_codes,
+)
 from engine.quant import GroupQuant, Q6Blocks, decode_int4, decode_q6_k
 from tests.test_quant import q4_k_blocks, q6_k_blocks
 
@@ -197,7 +205,7 @@ def test_q4k_kernel_matches_the_reference_and_holds_the_gguf_weight(
     x = torch.randn(11, k) * 3
     y = layer(x)
     assert close(y, q4k_reference(x, layer))
-    for m in range(1, 11):  # 4 rows per pass: every split gives the same rows
+    for m in range(1, 11):  # 8 rows per pass: every split gives the same rows
         assert torch.equal(layer(x[:m]), y[:m])
 
 
@@ -265,3 +273,22 @@ def test_row_attention_matches_the_reference_and_each_row_stands_alone() -> None
         alone = kernels.row_attention(q[:, :, t : t + 1], k[:, :, :end], v[:, :, :end],
                                       16**-0.5)
         assert torch.equal(alone[:, 0], out[:, t])
+
+
+def test_layers_sharing_an_input_in_one_call_give_each_layer_its_own_output() -> None:
+    torch.manual_seed(8)
+    k = 512
+    q4k = Q4KLinear.from_groups(decode_int4(q4_k_blocks(40, k), QuantType.Q4_K, 40, k),
+                                torch.randn(40))
+    q6k = Q6KLinear.from_blocks(decode_q6_k(q6_k_blocks(24, k), 24, k))
+    q4 = Q4Linear.from_dense(torch.randn(17, k) * 0.05)
+    q8 = Q8Linear.from_weight(torch.randn(33, k) * 0.05, torch.randn(33))
+    layers = [q4k, q6k, q4, q8]  # both roundings of the input, odd tile counts
+    run = fused(layers)
+    assert run is not None
+    for rows in (1, 3, 9):
+        x = torch.randn(1, rows, k)
+        for layer, y in zip(layers, run(x), strict=True):
+            assert torch.equal(y, layer(x))
+    assert fused([q4k, torch.nn.Linear(k, 8)]) is None  # a layer without a native part
+    assert fused([q4k, Q4Linear.from_dense(torch.randn(8, 256))]) is None  # other inputs

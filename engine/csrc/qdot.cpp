@@ -315,22 +315,6 @@ QuantRows256 rows_from(const QuantRows256 &q, int m0, int K) {
             q.bsum + m0 * (int64_t)(K / GROUP)};
 }
 
-// Runs kernel(rows in this pass, those rows, their output, n0, n1) over tiles of output
-// features. Each tile meets every row while its weights are in cache: the weights
-// stream from memory once per call however many rows there are.
-template <int CHUNK, typename Rows, typename Kernel>
-void over_rows(int M, int N, int K, float *y, Rows xq, Kernel kernel) {
-    constexpr int TILE = 16;  // output features per scheduled chunk
-#pragma omp parallel for schedule(static)
-    for (int t = 0; t < (N + TILE - 1) / TILE; ++t) {
-        const int n0 = t * TILE, n1 = n0 + TILE < N ? n0 + TILE : N;
-        for (int m0 = 0; m0 < M; m0 += CHUNK) {
-            const int mm = M - m0 < CHUNK ? M - m0 : CHUNK;
-            kernel(mm, rows_from(xq, m0, K), y + (int64_t)m0 * N, n0, n1);
-        }
-    }
-}
-
 // One allocation for the rounded activations: codes [M, K], then 2 * M * K / 32 floats.
 struct Scratch {
     char *block;
@@ -338,7 +322,8 @@ struct Scratch {
     Scratch(int M, int K) {
         codes_bytes = ((int64_t)M * K + 63) / 64 * 64;
         const int64_t extra = 2 * (int64_t)M * (K / GROUP) * 4;
-        block = (char *)aligned_alloc(64, (size_t)((codes_bytes + extra + 63) / 64 * 64));
+        const int64_t bytes = (codes_bytes + extra + 63) / 64 * 64;
+        block = (char *)aligned_alloc(64, (size_t)(bytes > 64 ? bytes : 64));
     }
     ~Scratch() { free(block); }
     QuantRows rows(int M, int K) const {
@@ -367,53 +352,78 @@ struct Scratch {
 
 extern "C" {
 
-int anve_qdot_version(void) { return 4; }
+int anve_qdot_version(void) { return 5; }
 
-// y[M, N] = x[M, K] . W^T (+ bias), W in q4 form; K a multiple of 32.
-void anve_q4_linear(const float *x, int M, int K, const uint8_t *codes, const uint16_t *scale,
-                    const uint16_t *offset, const float *bias, float *y, int N) {
-    Scratch scratch(M, K);
-    const QuantRows rows = scratch.rows(M, K);
-    quantize_rows(x, M, K, rows);
-    over_rows<MAX_M>(M, N, K, y, rows, [&](int mm, QuantRows xq, float *out, int n0, int n1) {
-        DISPATCH(q4_rows, xq, K, codes, scale, offset, bias, out, N, n0, n1)
-    });
+// One linear layer of a call: its weight form, N, weight arrays (in the order of the
+// forms above), optional bias [N] and output y [M, N].
+enum Form { FORM_Q4 = 0, FORM_Q8 = 1, FORM_Q4K = 2, FORM_Q6K = 3 };
+struct Part {
+    int form;
+    int n;
+    const void *w[5];
+    const float *bias;
+    float *y;
+};
+
+void part_tile(const Part &p, int M, int K, const QuantRows &r32, const QuantRows256 &r256,
+               int n0, int n1) {
+    for (int m0 = 0; m0 < M; m0 += MAX_M) {
+        const int mm = M - m0 < MAX_M ? M - m0 : MAX_M;
+        float *out = p.y + (int64_t)m0 * p.n;
+        const int N = p.n;
+        if (p.form == FORM_Q4) {
+            const QuantRows xq = rows_from(r32, m0, K);
+            DISPATCH(q4_rows, xq, K, (const uint8_t *)p.w[0], (const uint16_t *)p.w[1],
+                     (const uint16_t *)p.w[2], p.bias, out, N, n0, n1)
+        } else if (p.form == FORM_Q8) {
+            const QuantRows xq = rows_from(r32, m0, K);
+            DISPATCH(q8_rows, xq, K, (const int8_t *)p.w[0], (const float *)p.w[1], p.bias, out,
+                     N, n0, n1)
+        } else if (p.form == FORM_Q4K) {
+            const QuantRows256 xq = rows_from(r256, m0, K);
+            const Q4KWeights w = {(const uint8_t *)p.w[0], (const int16_t *)p.w[1],
+                                  (const int16_t *)p.w[2], (const float *)p.w[3],
+                                  (const float *)p.w[4]};
+            DISPATCH(q4k_rows, xq, K, w, p.bias, out, N, n0, n1)
+        } else {
+            const QuantRows256 xq = rows_from(r256, m0, K);
+            const Q6KWeights w = {(const int8_t *)p.w[0], (const int8_t *)p.w[1],
+                                  (const float *)p.w[2]};
+            DISPATCH(q6k_rows, xq, K, w, p.bias, out, N, n0, n1)
+        }
+    }
 }
 
-// y[M, N] = x[M, K] . W^T (+ bias), W in q8 form; K a multiple of 32.
-void anve_q8_linear(const float *x, int M, int K, const int8_t *codes, const float *scale,
-                    const float *bias, float *y, int N) {
-    Scratch scratch(M, K);
-    const QuantRows rows = scratch.rows(M, K);
-    quantize_rows(x, M, K, rows);
-    over_rows<MAX_M>(M, N, K, y, rows, [&](int mm, QuantRows xq, float *out, int n0, int n1) {
-        DISPATCH(q8_rows, xq, K, codes, scale, bias, out, N, n0, n1)
-    });
-}
-
-// y[M, N] = x[M, K] . W^T (+ bias), W in q4k form; K a multiple of 256.
-void anve_q4k_linear(const float *x, int M, int K, const uint8_t *codes, const int16_t *sc,
-                     const int16_t *mn, const float *d, const float *dmin, const float *bias,
-                     float *y, int N) {
-    Scratch scratch(M, K);
-    const QuantRows256 rows = scratch.rows256(M, K);
-    quantize_rows_256(x, M, K, rows);
-    const Q4KWeights w = {codes, sc, mn, d, dmin};
-    over_rows<MAX_M>(M, N, K, y, rows, [&](int mm, QuantRows256 xq, float *out, int n0, int n1) {
-        DISPATCH(q4k_rows, xq, K, w, bias, out, N, n0, n1)
-    });
-}
-
-// y[M, N] = x[M, K] . W^T (+ bias), W in q6k form; K a multiple of 256.
-void anve_q6k_linear(const float *x, int M, int K, const int8_t *q, const int8_t *sc,
-                     const float *d, const float *bias, float *y, int N) {
-    Scratch scratch(M, K);
-    const QuantRows256 rows = scratch.rows256(M, K);
-    quantize_rows_256(x, M, K, rows);
-    const Q6KWeights w = {q, sc, d};
-    over_rows<MAX_M>(M, N, K, y, rows, [&](int mm, QuantRows256 xq, float *out, int n0, int n1) {
-        DISPATCH(q6k_rows, xq, K, w, bias, out, N, n0, n1)
-    });
+// y_p[M, N_p] = x[M, K] . W_p^T (+ bias_p) for every part p, in one pass of threads:
+// the activations are rounded once (per 32 for q4/q8, per 256 for q4k/q6k; K a multiple
+// of that) and the parts' tiles of output features are shared out together, so layers
+// that read the same input (q, k, v; gate, up) cost one call. Each output element is
+// computed exactly as a call with that part alone computes it.
+void anve_linear_parts(const float *x, int M, int K, int n_parts, const Part *parts) {
+    constexpr int TILE = 16;  // output features per scheduled chunk
+    bool per32 = false, per256 = false;
+    int tiles = 0;
+    for (int i = 0; i < n_parts; ++i) {
+        const bool coarse = parts[i].form == FORM_Q4K || parts[i].form == FORM_Q6K;
+        per256 |= coarse;
+        per32 |= !coarse;
+        tiles += (parts[i].n + TILE - 1) / TILE;
+    }
+    Scratch s32(per32 ? M : 0, K), s256(per256 ? M : 0, K);
+    const QuantRows r32 = s32.rows(M, K);
+    const QuantRows256 r256 = s256.rows256(M, K);
+    if (per32) quantize_rows(x, M, K, r32);
+    if (per256) quantize_rows_256(x, M, K, r256);
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < tiles; ++t) {
+        int i = 0, first = 0;  // part i holds tiles first .. first + its tile count - 1
+        while (t - first >= (parts[i].n + TILE - 1) / TILE) {
+            first += (parts[i].n + TILE - 1) / TILE;
+            ++i;
+        }
+        const int n0 = (t - first) * TILE, n1 = n0 + TILE < parts[i].n ? n0 + TILE : parts[i].n;
+        part_tile(parts[i], M, K, r32, r256, n0, n1);
+    }
 }
 
 // out[T, H, Dh] = attention of q[H, T, Dh] over the cache k, v [Hkv, >= L, Dh] (head h
