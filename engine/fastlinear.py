@@ -39,6 +39,7 @@ whatever the number of rows (their kernels reduce each row on its own);
 """
 
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -184,9 +185,44 @@ def unpack_codes(codes: torch.Tensor) -> torch.Tensor:
     return torch.cat([h.unflatten(-1, (-1, GROUP // 2)) for h in halves], dim=-1)
 
 
-class Q4Linear(QuantizedLinear):
+class NativeCall:
+    """One native call for fixed layers sharing an input; its C structs are reused until a
+    layer's arrays are replaced (then rebuilt), so a call costs little Python."""
+
+    def __init__(self, layers: Sequence["NativeLinear"]) -> None:
+        self.layers = list(layers)
+        self.k = layers[0].in_features
+        self.built: kernels.Layers | None = None
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        parts = [layer.part() for layer in self.layers]
+        if self.built is None or not self.built.same(parts):
+            self.built = kernels.Layers(self.k, parts)
+        outs = self.built(x)
+        return outs if x.dtype == torch.float32 else [y.to(x.dtype) for y in outs]
+
+
+class NativeLinear(QuantizedLinear):
+    """A quantized layer on our kernels; :meth:`part` names its form and arrays."""
+
+    FORM: str  # a key of kernels.FORMS
+
+    def part(self) -> Part:
+        buffers = self._buffers  # straight from the registry: this runs every call
+        arrays = tuple(cast(torch.Tensor, buffers[name]) for name in self.BUFFERS)
+        return self.FORM, arrays, buffers.get("bias")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        call = self.__dict__.get("_call")  # kept out of the module's registries
+        if call is None:
+            call = self.__dict__["_call"] = NativeCall([self])
+        return call(x)[0]
+
+
+class Q4Linear(NativeLinear):
     """4-bit GGUF codes with float16 scale and offset per group of 32, on our kernel."""
 
+    FORM = "q4"
     BUFFERS = ("codes", "scale", "offset")
     codes: torch.Tensor  # [N, K / 2] uint8: byte j of a group = element j | element 16 + j << 4
     scale: torch.Tensor  # [N, K / 32] float16
@@ -222,13 +258,6 @@ class Q4Linear(QuantizedLinear):
                             scale.float(), offset.float())
         return cls.from_groups(groups, bias)
 
-    def part(self) -> Part:
-        return "q4", (self.codes, self.scale, self.offset), self.bias
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = kernels.q4_linear(x, self.codes, self.scale, self.offset, self.bias)
-        return y.to(x.dtype)
-
     def unpacked(self) -> torch.Tensor:
         """The codes ``[N, K / 32, 32]`` (uint8, 0..15) in input order."""
         return unpack_codes(self.codes)
@@ -240,9 +269,10 @@ class Q4Linear(QuantizedLinear):
         return w.flatten(1)
 
 
-class Q4KLinear(QuantizedLinear):
+class Q4KLinear(NativeLinear):
     """A Q4_K tensor in its own integer form (exactly the GGUF's weights), on our kernel."""
 
+    FORM = "q4k"
     BUFFERS = ("codes", "sc", "mn", "d", "dmin")
     codes: torch.Tensor  # [N, K / 2] uint8, as Q4Linear's
     sc: torch.Tensor  # [N, K / 32] int16, 6-bit scales
@@ -267,13 +297,6 @@ class Q4KLinear(QuantizedLinear):
         return cls(codes, b.sc.contiguous(), b.mn.contiguous(), b.d.float().contiguous(),
                    b.dmin.float().contiguous(), _float_bias(bias))
 
-    def part(self) -> Part:
-        return "q4k", (self.codes, self.sc, self.mn, self.d, self.dmin), self.bias
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = kernels.q4k_linear(x, self.codes, self.sc, self.mn, self.d, self.dmin, self.bias)
-        return y.to(x.dtype)
-
     def dequantized(self) -> torch.Tensor:
         """The float32 weight ``[N, K]``, computed as gguf-py does (for tests)."""
         groups = self.sc.shape[1] // self.d.shape[1]  # 8 groups of 32 per super-block
@@ -284,9 +307,10 @@ class Q4KLinear(QuantizedLinear):
         return (q * scale.unsqueeze(-1) + offset.unsqueeze(-1)).flatten(1)
 
 
-class Q6KLinear(QuantizedLinear):
+class Q6KLinear(NativeLinear):
     """A Q6_K tensor in its own integer form (exactly the GGUF's weights), on our kernel."""
 
+    FORM = "q6k"
     BUFFERS = ("q", "sc", "d")
     q: torch.Tensor  # [N, K] int8, -32..31 (a byte each: cheaper to run than 6-bit packing)
     sc: torch.Tensor  # [N, K / 16] int8
@@ -303,20 +327,15 @@ class Q6KLinear(QuantizedLinear):
         return cls(b.q.contiguous(), b.sc.contiguous(), b.d.float().contiguous(),
                    _float_bias(bias))
 
-    def part(self) -> Part:
-        return "q6k", (self.q, self.sc, self.d), self.bias
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return kernels.q6k_linear(x, self.q, self.sc, self.d, self.bias).to(x.dtype)
-
     def dequantized(self) -> torch.Tensor:
         """The float32 weight ``[N, K]``, computed as gguf-py does (for tests)."""
         return Q6Blocks(self.q, self.sc, self.d).dequantize()
 
 
-class Q8Linear(QuantizedLinear):
+class Q8Linear(NativeLinear):
     """Per-output-channel int8 codes with a float32 scale, on our kernel."""
 
+    FORM = "q8"
     BUFFERS = ("q", "scale")
     q: torch.Tensor  # [N, K] int8
     scale: torch.Tensor  # [N] float32
@@ -332,12 +351,6 @@ class Q8Linear(QuantizedLinear):
         ref = Int8Linear.from_weight(weight)
         return cls(ref.q, ref.scale.float(), _float_bias(bias))
 
-    def part(self) -> Part:
-        return "q8", (self.q, self.scale), self.bias
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return kernels.q8_linear(x, self.q, self.scale, self.bias).to(x.dtype)
-
 
 def fused(layers: Sequence[nn.Module]) -> Callable[[torch.Tensor], list[torch.Tensor]] | None:
     """One native call computing ``layers`` (same input) at once, or None where it cannot.
@@ -346,16 +359,9 @@ def fused(layers: Sequence[nn.Module]) -> Callable[[torch.Tensor], list[torch.Te
     kernels round the input once and compute every element as a lone call would.
     """
     sizes = {getattr(layer, "in_features", None) for layer in layers}
-    if len(sizes) != 1 or not all(hasattr(layer, "part") for layer in layers):
+    if len(sizes) != 1 or not all(isinstance(layer, NativeLinear) for layer in layers):
         return None
-    k = int(sizes.pop() or 0)
-
-    def run(x: torch.Tensor) -> list[torch.Tensor]:
-        # the parts are read at every call: buffers replaced since stay safe
-        outs = kernels.Layers(k, [layer.part() for layer in layers])(x)  # type: ignore[operator]
-        return [y.to(x.dtype) for y in outs]
-
-    return run
+    return NativeCall([layer for layer in layers if isinstance(layer, NativeLinear)])
 
 
 def native_fits(in_features: int) -> bool:

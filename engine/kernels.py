@@ -1,15 +1,16 @@
 """Our native integer-dot kernels (``engine/csrc/qdot.cpp``): built once, loaded with ctypes.
 
 Contract: :func:`available` says whether the kernels run here (an x86 CPU with AVX2,
-FMA and F16C, and a C++ compiler the first time); :func:`q4_linear` and
-:func:`q8_linear` compute a linear layer from 4-bit or int8 weight codes with the
-activations rounded to int8 per group of 32, and each output row is bit-identical
-whatever the number of rows (see the C++ file). When the kernels cannot run, the
-caller keeps torch's own kernels; nothing else changes. :func:`q4k_linear` and
-:func:`q6k_linear` run Q4_K and Q6_K tensors in their own integer form (activations
-rounded per 256 inputs, as llama.cpp). :func:`row_attention` computes attention for a
-few query rows over the KV cache, each row over its own causal prefix and independent of
-the others (what :mod:`engine.invariant` needs), without a Python call per row.
+FMA and F16C, and a C++ compiler the first time). :class:`Layers` computes one or more
+linear layers that read the same input in one call, each in its own form (:data:`FORMS`):
+q4 (4-bit codes, float16 scale and offset per 32) and q8 (per-channel int8) with the
+activations rounded to int8 per group of 32; q4k and q6k (Q4_K and Q6_K in their own
+integer form) with them rounded per 256 inputs, as llama.cpp. Each output row is
+bit-identical whatever the number of rows or layers in the call (see the C++ file).
+When the kernels cannot run, the caller keeps torch's own kernels; nothing else changes.
+:func:`row_attention` computes attention for a few query rows over the KV cache, each row
+over its own causal prefix and independent of the others (what :mod:`engine.invariant`
+needs), without a Python call per row.
 
 The shared library is compiled with the system ``c++`` into the user cache folder
 (``~/.cache/anve/kernels``, or ``ANVE_KERNEL_DIR``), named by a hash of the source and
@@ -133,14 +134,15 @@ class Layers:
     """Quantized layers that read the same input, computed by one native call.
 
     ``parts`` are ``(form, weights, bias)`` with ``form`` one of :data:`FORMS` and
-    ``weights`` the layer's arrays, ``[N, ...]`` first; the C structs are built once.
-    Calling with ``x [..., K]`` returns each layer's float32 ``[..., N]``.
+    ``weights`` the layer's arrays, ``[N, ...]`` first; the C structs are built once
+    (:meth:`same` tells whether they still point at a layer's current arrays). Calling
+    with ``x [..., K]`` returns each layer's float32 ``[..., N]``.
     """
 
     def __init__(self, in_features: int,
                  parts: list[tuple[str, tuple[torch.Tensor, ...], torch.Tensor | None]]) -> None:
         self.k = in_features
-        self.keep = [(w, b) for _, w, b in parts]  # the arrays the pointers point into
+        self.arrays = [t for _, w, b in parts for t in (*w, b)]  # kept alive, compared by id
         self.sizes = [int(w[0].shape[0]) for _, w, _ in parts]
         self.structs = (Part * len(parts))()
         for struct, (form, weights, bias) in zip(self.structs, parts, strict=True):
@@ -149,48 +151,24 @@ class Layers:
                 struct.w[i] = w.data_ptr()
             struct.bias = None if bias is None else bias.data_ptr()
 
+    def same(self, parts: list[tuple[str, tuple[torch.Tensor, ...], torch.Tensor | None]]
+             ) -> bool:
+        """Whether ``parts`` hold the very arrays these structs were built from."""
+        now = [t for _, w, b in parts for t in (*w, b)]
+        return len(now) == len(self.arrays) and all(
+            a is b for a, b in zip(now, self.arrays, strict=True))
+
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         lib = _library_or_raise()
-        x2 = x.reshape(-1, self.k).to(torch.float32).contiguous()  # [M, K]
-        m = x2.shape[0]
-        outs = [torch.empty(m, n, dtype=torch.float32) for n in self.sizes]  # [M, N] each
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            x = x.to(torch.float32).contiguous()
+        lead = x.shape[:-1]
+        outs = [torch.empty((*lead, n), dtype=torch.float32) for n in self.sizes]  # [..., N]
         for struct, y in zip(self.structs, outs, strict=True):
             struct.y = y.data_ptr()
-        lib.anve_linear_parts(x2.data_ptr(), m, self.k, len(outs), self.structs)
-        return [y.reshape(*x.shape[:-1], y.shape[1]) for y in outs]
-
-
-def _linear(form: str, x: torch.Tensor, k: int, weights: tuple[torch.Tensor, ...],
-            bias: torch.Tensor | None) -> torch.Tensor:
-    return Layers(k, [(form, weights, bias)])(x)[0]
-
-
-def q4_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
-              bias: torch.Tensor | None) -> torch.Tensor:
-    """``x [..., K] @ W.T (+ bias)`` with W given as q4 codes ``[N, K/2]``, fp16 scale/offset
-    ``[N, K/32]``; bias float32 ``[N]``. Returns float32 ``[..., N]``."""
-    return _linear("q4", x, codes.shape[1] * 2, (codes, scale, offset), bias)
-
-
-def q4k_linear(x: torch.Tensor, codes: torch.Tensor, sc: torch.Tensor, mn: torch.Tensor,
-               d: torch.Tensor, dmin: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x [..., K] @ W.T (+ bias)`` with W in Q4_K form: q4 codes ``[N, K/2]``, int16
-    ``sc``/``mn`` ``[N, K/32]``, float32 ``d``/``dmin`` ``[N, K/256]``. Float32 out."""
-    return _linear("q4k", x, codes.shape[1] * 2, (codes, sc, mn, d, dmin), bias)
-
-
-def q6k_linear(x: torch.Tensor, q: torch.Tensor, sc: torch.Tensor, d: torch.Tensor,
-               bias: torch.Tensor | None) -> torch.Tensor:
-    """``x [..., K] @ W.T (+ bias)`` with W in Q6_K form: int8 codes ``q [N, K]``, int8
-    ``sc [N, K/16]``, float32 ``d [N, K/256]``. Float32 out."""
-    return _linear("q6k", x, q.shape[1], (q, sc, d), bias)
-
-
-def q8_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor,
-              bias: torch.Tensor | None) -> torch.Tensor:
-    """``x [..., K] @ W.T (+ bias)`` with W given as int8 codes ``[N, K]`` times a float32
-    per-row ``scale [N]``; bias float32 ``[N]``. Returns float32 ``[..., N]``."""
-    return _linear("q8", x, codes.shape[1], (codes, scale), bias)
+        lib.anve_linear_parts(x.data_ptr(), x.numel() // self.k, self.k, len(outs),
+                              self.structs)
+        return outs
 
 
 def _cache_view(t: torch.Tensor) -> torch.Tensor:

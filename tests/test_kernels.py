@@ -135,8 +135,7 @@ def test_a_failed_build_falls_back_with_a_warning(
             assert kernels.library() is None
         assert "no C++ compiler" in caplog.text
         with pytest.raises(RuntimeError, match="not available"):
-            kernels.q8_linear(torch.ones(1, 32), torch.ones(1, 32, dtype=torch.int8),
-                              torch.ones(1), None)
+            Q8Linear.from_weight(torch.ones(1, 32))(torch.ones(1, 32))
     finally:
         kernels.library.cache_clear()
     monkeypatch.undo()

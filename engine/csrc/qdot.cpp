@@ -63,7 +63,7 @@ inline int round_group(const float *src, float d, int8_t *dst) {
 
 void quantize_rows(const float *x, int M, int K, QuantRows q) {
     const int G = K / GROUP;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (M * G >= 256)  // a few rows: not worth threads
     for (int mg = 0; mg < M * G; ++mg) {
         const float *src = x + (int64_t)mg * GROUP;
         const float d = block_scale(src, GROUP);
@@ -144,7 +144,7 @@ struct QuantRows256 {
 
 void quantize_rows_256(const float *x, int M, int K, QuantRows256 q) {
     const int S = K / SUPER;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (M * S >= 32)
     for (int ms = 0; ms < M * S; ++ms) {
         const float *src = x + (int64_t)ms * SUPER;
         const float d = block_scale(src, SUPER);
