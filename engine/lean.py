@@ -51,12 +51,12 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class LeanStep:
     """Decoding and verification forwards of one supported model."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, lm_head: Any = None) -> None:
         inner = model.model
         self.embed = inner.embed_tokens
         self.rotary = inner.rotary_emb
         self.norm = inner.norm
-        self.lm_head = model.lm_head
+        self.lm_head = model.lm_head if lm_head is None else lm_head
         self.layers = [
             _Layer(d.self_attn, d.input_layernorm, d.self_attn.q_proj, d.self_attn.k_proj,
                    d.self_attn.v_proj, d.self_attn.o_proj, d.post_attention_layernorm,
@@ -106,8 +106,9 @@ class LeanStep:
         return logits, (x if keep else None)
 
 
-def lean_step(model: Any) -> LeanStep | None:
-    """A :class:`LeanStep` for ``model``, or ``None`` where its forward must be used."""
+def lean_step(model: Any, lm_head: Any = None) -> LeanStep | None:
+    """A :class:`LeanStep` for ``model`` (its logits from ``lm_head`` when given), or
+    ``None`` where the model's forward must be used."""
     config = model.config
     if type(model).__name__ not in SUPPORTED or config._attn_implementation != ROW_ATTENTION:
         return None
@@ -116,4 +117,4 @@ def lean_step(model: Any) -> LeanStep | None:
         return None
     if getattr(config, "pretraining_tp", 1) != 1 or getattr(config, "mlp_bias", False):
         return None
-    return LeanStep(model)
+    return LeanStep(model, lm_head)

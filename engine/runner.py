@@ -26,12 +26,14 @@ PREFILL_CHUNK = 512  # tokens per forward when filling the cache with a long pro
 class ModelRunner:
     """Incremental forward passes over a growing (and croppable) token sequence."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, lm_head: Any = None) -> None:
         self.model = model
         self.ids: list[int] = []
         self.cache = growing_cache(model.config)
         self.hidden: torch.Tensor | None = None  # [len(ids), H] while keeping features
-        self.lean = lean_step(model)  # short forwards without transformers' plumbing
+        # short forwards without transformers' plumbing (with lm_head in place of the
+        # model's own, e.g. a drafter's short head; longer forwards keep the model's)
+        self.lean = lean_step(model, lm_head)
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -70,6 +70,7 @@ def test_greedy_speculative_equals_greedy_plain_for_every_drafter(kind: str) -> 
         drafters = [
             DraftModelDrafter(loaded(other), vocab),
             DraftModelDrafter(loaded(same), vocab),
+            DraftModelDrafter(loaded(same), vocab, draft_vocab=40),  # never drafts ids >= 40
             NgramDrafter(),
             SuffixDrafter([plain[: len(plain) // 2], prompt]),
         ]
@@ -162,13 +163,14 @@ def _exact_two_token_distribution(model: torch.nn.Module, prompt: list[int]) -> 
     return (p1[:, None] * p2).reshape(-1)
 
 
-def test_speculative_sampling_matches_plain_sampling_end_to_end() -> None:
+@pytest.mark.parametrize("draft_vocab", [8, 5])
+def test_speculative_sampling_matches_plain_sampling_end_to_end(draft_vocab: int) -> None:
     vocab = 8
     target = tiny_model("llama", vocab_size=vocab, seed=11, scale=3.0)
     draft = tiny_model("llama", vocab_size=vocab, seed=12, scale=3.0)
     prompt = [1, 2, 3]
     exact = _exact_two_token_distribution(target, prompt)
-    drafter = DraftModelDrafter(loaded(draft), vocab)
+    drafter = DraftModelDrafter(loaded(draft), vocab, draft_vocab=draft_vocab)
     counts = {"off": torch.zeros(vocab * vocab), "draft": torch.zeros(vocab * vocab)}
     runner = ModelRunner(target)
     for method, d in (("off", None), ("draft", drafter)):

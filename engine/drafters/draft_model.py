@@ -5,7 +5,9 @@ cache to the context by its shared prefix (so rejected drafts are cropped away a
 accepted ones are reused), then samples up to ``k`` tokens one at a time with the same
 sampling processing as the target, returning their distributions ``q``. Drafting
 stops early after a token the draft itself gave less than ``min_confidence``
-(its probability), since the guesses after it would most likely be rejected.
+(its probability), since the guesses after it would most likely be rejected. Its
+decoding steps compute logits only for the frequent ids and the end tokens
+(:mod:`engine.drafters.vocab`): cheaper steps, the same lossless acceptance.
 """
 
 from collections.abc import Sequence
@@ -13,6 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from engine.drafters import EMPTY_DRAFT, Draft
+from engine.drafters.vocab import DRAFT_VOCAB, short_head
 from engine.models import LoadedModel
 from engine.runner import ModelRunner
 from engine.sampling import SamplingParams, probabilities, sample
@@ -33,10 +36,13 @@ class DraftModelDrafter:
     name = "draft"
 
     def __init__(
-        self, draft: LoadedModel, target_vocab_size: int, min_confidence: float = 0.3
+        self, draft: LoadedModel, target_vocab_size: int, min_confidence: float = 0.3,
+        draft_vocab: int = DRAFT_VOCAB,
     ) -> None:
         self.loaded = draft
-        self.runner = ModelRunner(draft.model)
+        # decoding steps read the draft's lm_head only for frequent ids and end tokens
+        head = short_head(draft.model.get_output_embeddings(), draft.eos_ids, draft_vocab)
+        self.runner = ModelRunner(draft.model, head)
         self.vocab_size = target_vocab_size
         self.min_confidence = min_confidence
 
