@@ -111,6 +111,14 @@ def card_frame(title: str) -> tuple[QFrame, QVBoxLayout]:
     return frame, layout
 
 
+def muted_note(text: str) -> QLabel:
+    """A wrapping explanation in the muted colour, under a card's title."""
+    note = QLabel(text)
+    note.setObjectName("Muted")
+    note.setWordWrap(True)
+    return note
+
+
 def model_cells(model: dict[str, Any]) -> list[str]:
     """Model, role, context, memory of one ``/v1/models`` entry (ours, vLLM's, llama.cpp's)."""
     info = model.get("anve") or {}
@@ -246,11 +254,10 @@ class AdminPage(QWidget):
 
     def _learning_card(self) -> QWidget:
         frame, layout = card_frame("Learn from this office")
-        note = QLabel("Train the EAGLE draft head on this office's past chats, in the "
-                      "background at low priority. The new head replaces the current one only "
-                      "if it drafts better on chats it did not train on; answers stay the same.")
-        note.setObjectName("Muted")
-        note.setWordWrap(True)
+        note = muted_note("Train the EAGLE draft head on this office's past chats, in the "
+                          "background at low priority. The new head replaces the current one "
+                          "only if it drafts better on chats it did not train on; answers stay "
+                          "the same.")
         self.learning_status = QLabel("")
         self.learning_status.setWordWrap(True)
         self.learn_button = QPushButton("Learn from past chats")
@@ -386,11 +393,9 @@ class AdminPage(QWidget):
 
     def _server_card(self) -> QWidget:
         frame, layout = card_frame("Server")
-        note = QLabel("Attach this desktop to a model server in the office: an ANVE worker, "
-                      "vLLM, llama.cpp's llama-server or any OpenAI-compatible server. The "
-                      "choice is remembered.")
-        note.setObjectName("Muted")
-        note.setWordWrap(True)
+        note = muted_note("Attach this desktop to a model server in the office: an ANVE "
+                          "worker, vLLM, llama.cpp's llama-server or any OpenAI-compatible "
+                          "server. The choice is remembered.")
         self.server_url = QLineEdit()
         self.server_url.setPlaceholderText("http://gpu-server:8000")
         self.server_token = QLineEdit()
