@@ -78,6 +78,17 @@ def make_generator(seed: int | None) -> torch.Generator:
     return generator
 
 
+def prefill_drafter(drafter: Drafter | None, target: ModelRunner, context: Sequence[int]
+                    ) -> None:
+    """Let ``drafter`` catch up with ``context`` before the first pass (idempotent)."""
+    prefill = getattr(drafter, "prefill", None)
+    if drafter is None or prefill is None:
+        return
+    if getattr(drafter, "wants_hidden", False):
+        drafter.observe_hidden(target.hidden)  # type: ignore[attr-defined]
+    prefill(context)
+
+
 def decode(
     target: ModelRunner,
     prompt: Sequence[int],
@@ -101,6 +112,7 @@ def decode(
     wants_hidden = bool(getattr(drafter, "wants_hidden", False))
     target.keep_hidden(wants_hidden)
     target.sync(context[:-1])
+    prefill_drafter(drafter, target, context)
     produced = 0
     while True:
         if cancel is not None and cancel.is_set():

@@ -16,7 +16,7 @@ from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from engine.decoding import StatsRecorder, decode
+from engine.decoding import StatsRecorder, decode, prefill_drafter
 from engine.detokenize import IncrementalDetokenizer
 from engine.drafters import Drafter
 from engine.drafters.draft_model import DraftModelDrafter
@@ -268,6 +268,8 @@ class ChatEngine:
         drafter = self.drafters.get(method)
         self.runner.keep_hidden(bool(getattr(drafter, "wants_hidden", False)))
         self.runner.sync(prompt[:-1])
+        if method != "off":
+            prefill_drafter(drafter, self.runner, prompt)  # the drafter's prompt, too
         recorder.prefill_s = time.perf_counter() - recorder.started
         detok = IncrementalDetokenizer(self.target.tokenizer)
         text = TextAssembler(stop)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from engine.decoding import decode
+from engine.decoding import decode, prefill_drafter
 from engine.drafters import Draft
 from engine.drafters.draft_model import DraftModelDrafter
 from engine.drafters.ngram import NgramDrafter
@@ -182,3 +182,19 @@ def test_speculative_sampling_matches_plain_sampling_end_to_end(draft_vocab: int
             counts[method][t1 * vocab + t2] += 1
     assert matches(counts["off"], exact)
     assert matches(counts["draft"], exact)
+
+
+def test_a_draft_model_catches_up_with_the_prompt_before_the_first_pass() -> None:
+    target = tiny_model("llama", vocab_size=64, seed=1, scale=4.0)
+    drafter = DraftModelDrafter(loaded(tiny_model("llama", vocab_size=64, seed=2)), 64,
+                                min_confidence=0.0)
+    prompt = prompts(1, 64, seed=3)[0] * 6  # [30] a long prompt
+    runner = ModelRunner(target)
+    runner.sync(prompt[:-1])
+    prefill_drafter(drafter, runner, prompt)
+    assert drafter.runner.ids == prompt[:-1]
+    fed: list[int] = []
+    forward = drafter.runner.forward
+    drafter.runner.forward = lambda ids, rows=1: fed.append(len(ids)) or forward(ids, rows)
+    drafter.propose(prompt, 3, SamplingParams(), torch.Generator())
+    assert fed == [1, 1, 1]  # the prompt's last token, then one per further draft token

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from engine.decoding import decode
+from engine.decoding import decode, prefill_drafter
 from engine.drafters.eagle import EagleDrafter
 from engine.errors import HeadFileError, IncompatibleModelsError
 from engine.heads.files import HeadInfo, load_head, save_head
@@ -142,3 +142,18 @@ def test_corrupt_or_foreign_head_file_gets_a_clear_error(tmp_path: Path) -> None
         with pytest.raises(HeadFileError, match="head"):
             load_head(path, "tiny-a", None, loaded.model)
     assert json.loads(head_info(loaded.model, "x").metadata()["info"])["target"] == "x"
+
+
+def test_the_head_catches_up_with_the_prompt_before_the_first_pass() -> None:
+    target = tiny_model("llama", vocab_size=64, seed=3, scale=4.0)
+    drafter = EagleDrafter(random_head(target, seed=4), target, min_confidence=0.0)
+    runner = ModelRunner(target)
+    prompt = list(range(5, 35))
+    runner.keep_hidden(True)
+    runner.sync(prompt[:-1])
+    prefill_drafter(drafter, runner, prompt)
+    assert drafter.cache.get_seq_length() == len(prompt) - 2  # all but the last feature
+    warm = drafter.propose(prompt, 3, SamplingParams(), torch.Generator())
+    fresh = EagleDrafter(drafter.head, target, min_confidence=0.0)
+    fresh.observe_hidden(runner.hidden)
+    assert fresh.propose(prompt, 3, SamplingParams(), torch.Generator()).tokens == warm.tokens

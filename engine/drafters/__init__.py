@@ -11,6 +11,9 @@ Every drafter implements :class:`Drafter`:
 * Optionally, ``wants_hidden = True`` and ``observe_hidden(features)``: the decoding
   loop then hands over the target's final hidden states of ``context[:-1]``
   (``[len(context) - 1, H]``) before each ``propose`` (EAGLE heads).
+* Optionally, ``prefill(context)``: catch up with the prompt (a draft model's or a
+  head's own cache) before the first pass, so that this one-off cost counts as prompt
+  processing and not as the cost of drafting a token, which the adaptive policy weighs.
 
 Drafters never see text: the engine knows only token ids.
 """

@@ -46,6 +46,11 @@ class DraftModelDrafter:
         self.vocab_size = target_vocab_size
         self.min_confidence = min_confidence
 
+    def prefill(self, context: Sequence[int]) -> None:
+        """Cache ``context[:-1]`` (its last token is fed by the first ``propose``)."""
+        if len(context) > 1:
+            self.runner.sync(context[:-1])
+
     def propose(
         self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator
     ) -> Draft:

@@ -90,6 +90,19 @@ class EagleDrafter:
         return out[0, -1:].to(features.dtype)  # [1, H]
 
     @torch.inference_mode()
+    def prefill(self, context: Sequence[int]) -> None:
+        """Feed the head all known positions but the last (the first ``propose`` feeds it)."""
+        real = len(context) - 1
+        features = self.features
+        if real < 2 or features is None or features.shape[0] < real:
+            return
+        keep = min(self._shared_entries(context), real - 1)
+        self._crop(keep)
+        if keep < real - 1:
+            self._step(features[keep : real - 1], context[keep + 1 : real])
+        self.covered = list(context[:real])
+
+    @torch.inference_mode()
     def propose(
         self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator
     ) -> Draft:
