@@ -37,7 +37,9 @@ PASSPHRASE_KEY = "admin_passphrase"
 WORKER_KEY = "worker"  # {"url": ..., "token": ...} of a server to attach to; None: local
 REFUSAL_DELAY_S = 0.8
 LEARNING_POLL_S = 2.0
-LEARNING_MAX_CHARS = 1_000_000  # of chat text sent to the worker (its body limit is 2 MiB)
+# of chat text sent to the worker: its body limit is 2 MiB and JSON may spend 6 bytes on a
+# character; the training reads 20,000 tokens (about 80,000 characters) by default
+LEARNING_MAX_CHARS = 300_000
 
 
 class AdminController(QObject):
