@@ -181,13 +181,13 @@ class HeadLearning:
 
     def _conclude(self, code: int, last: str, report: Path) -> None:
         outcome = json.loads(report.read_text()) if report.is_file() else None
-        if self._stopping:
+        if outcome is not None and outcome["installed"]:  # even if a stop came too late
+            self._finish("installed", "the new head drafts from the next answer on", outcome)
+            self.on_installed()
+        elif self._stopping:
             self._finish("stopped", "stopped by the admin; the current head stays")
         elif outcome is None:
             self._finish("failed", last or f"the training ended with status {code}")
-        elif outcome["installed"]:
-            self._finish("installed", "the new head drafts from the next answer on", outcome)
-            self.on_installed()
         else:
             self._finish("kept", "the new head was not better on held-out chats; the current "
                          "head stays", outcome)
