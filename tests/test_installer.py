@@ -357,9 +357,12 @@ def test_worker_starts_as_the_service_would(installed: Installed) -> None:
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(url, timeout=30)
         assert refused.value.code == 401
+        refused.value.close()
     finally:
         proc.kill()  # clean shutdown is the worker tests' business; it is still loading
         proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def make_history(path: Path) -> None:
