@@ -134,14 +134,19 @@ class AdminController(QObject):
         self.client.fetch_models()
         self.client.fetch_learning()
 
+    def _unlocked_or_say(self, refused: Any) -> bool:
+        """Whether the controls are unlocked; if not, say so through ``refused``."""
+        if not self.is_unlocked:
+            refused.emit("Unlock the admin controls first.")
+        return self.is_unlocked
+
     def lock(self) -> None:
         self.is_unlocked = False
         self.locked.emit()
 
     def choose_server(self, address: str, token: str | None) -> bool:
         """Use (and remember) an OpenAI-compatible server; False when refused at once."""
-        if not self.is_unlocked:
-            self.server_refused.emit("Unlock the admin controls first.")
+        if not self._unlocked_or_say(self.server_refused):
             return False
         try:
             url = normalise_url(address)
@@ -156,8 +161,7 @@ class AdminController(QObject):
 
     def use_local_worker(self) -> bool:
         """Go back to the worker the app starts itself (and remember that)."""
-        if not self.is_unlocked:
-            self.server_refused.emit("Unlock the admin controls first.")
+        if not self._unlocked_or_say(self.server_refused):
             return False
         log.info("admin switches the app back to its local worker")
         self._tasks.spawn(self._save_server(None), "Saving the server")
@@ -169,8 +173,7 @@ class AdminController(QObject):
 
     def apply(self, changes: dict[str, Any]) -> bool:
         """Send a speculation change to the worker (only while unlocked)."""
-        if not self.is_unlocked:
-            self.refused.emit("Unlock the admin controls first.")
+        if not self._unlocked_or_say(self.refused):
             return False
         log.info("admin changes speculation: %s", changes)
         self.client.update_speculation(changes)
@@ -178,8 +181,7 @@ class AdminController(QObject):
 
     def learn_from_office(self, tuning: dict[str, int] | None = None) -> bool:
         """Send the office's past chats to the worker to train its draft head on."""
-        if not self.is_unlocked:
-            self.learning_refused.emit("Unlock the admin controls first.")
+        if not self._unlocked_or_say(self.learning_refused):
             return False
         self._tasks.spawn(self._learn(tuning), "Reading the chat history")
         return True
@@ -193,8 +195,7 @@ class AdminController(QObject):
         self.client.start_learning(chats, tuning)
 
     def stop_learning(self) -> None:
-        if not self.is_unlocked:
-            self.learning_refused.emit("Unlock the admin controls first.")
+        if not self._unlocked_or_say(self.learning_refused):
             return
         log.info("admin stops the head learning")
         self.client.stop_learning()
