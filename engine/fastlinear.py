@@ -48,8 +48,6 @@ from torch import nn
 from engine import kernels
 from engine.quant import GROUP, GroupQuant, Q6Blocks
 
-Part = tuple[str, tuple[torch.Tensor, ...], torch.Tensor | None]  # form, weights, bias
-
 SMALL_ROWS = 32  # up to this many rows FastLinear computes (W @ x.T).T
 KERNEL_DTYPE = torch.bfloat16  # the int4/int8 kernels' fast path on AVX2
 
@@ -207,7 +205,7 @@ class NativeLinear(QuantizedLinear):
 
     FORM: str  # a key of kernels.FORMS
 
-    def part(self) -> Part:
+    def part(self) -> kernels.PartSpec:
         buffers = self._buffers  # straight from the registry: this runs every call
         arrays = tuple(cast(torch.Tensor, buffers[name]) for name in self.BUFFERS)
         return self.FORM, arrays, buffers.get("bias")

@@ -88,6 +88,12 @@ class Part(ctypes.Structure):
 
 
 FORMS = {"q4": 0, "q8": 1, "q4k": 2, "q6k": 3}
+PartSpec = tuple[str, tuple[torch.Tensor, ...], torch.Tensor | None]  # form, weights, bias
+
+
+def _arrays(parts: list[PartSpec]) -> list[torch.Tensor | None]:
+    """Every array the parts point into, in order (bias included, None when absent)."""
+    return [t for _, weights, bias in parts for t in (*weights, bias)]
 
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -139,10 +145,9 @@ class Layers:
     with ``x [..., K]`` returns each layer's float32 ``[..., N]``.
     """
 
-    def __init__(self, in_features: int,
-                 parts: list[tuple[str, tuple[torch.Tensor, ...], torch.Tensor | None]]) -> None:
+    def __init__(self, in_features: int, parts: list[PartSpec]) -> None:
         self.k = in_features
-        self.arrays = [t for _, w, b in parts for t in (*w, b)]  # kept alive, compared by id
+        self.arrays = _arrays(parts)  # kept alive, compared by identity
         self.sizes = [int(w[0].shape[0]) for _, w, _ in parts]
         self.structs = (Part * len(parts))()
         for struct, (form, weights, bias) in zip(self.structs, parts, strict=True):
@@ -151,10 +156,9 @@ class Layers:
                 struct.w[i] = w.data_ptr()
             struct.bias = None if bias is None else bias.data_ptr()
 
-    def same(self, parts: list[tuple[str, tuple[torch.Tensor, ...], torch.Tensor | None]]
-             ) -> bool:
+    def same(self, parts: list[PartSpec]) -> bool:
         """Whether ``parts`` hold the very arrays these structs were built from."""
-        now = [t for _, w, b in parts for t in (*w, b)]
+        now = _arrays(parts)
         return len(now) == len(self.arrays) and all(
             a is b for a, b in zip(now, self.arrays, strict=True))
 

@@ -399,15 +399,18 @@ void part_tile(const Part &p, int M, int K, const QuantRows &r32, const QuantRow
 // of that) and the parts' tiles of output features are shared out together, so layers
 // that read the same input (q, k, v; gate, up) cost one call. Each output element is
 // computed exactly as a call with that part alone computes it.
+constexpr int TILE = 16;  // output features per scheduled chunk
+
+inline int tiles_of(const Part &p) { return (p.n + TILE - 1) / TILE; }
+
 void anve_linear_parts(const float *x, int M, int K, int n_parts, const Part *parts) {
-    constexpr int TILE = 16;  // output features per scheduled chunk
     bool per32 = false, per256 = false;
     int tiles = 0;
     for (int i = 0; i < n_parts; ++i) {
         const bool coarse = parts[i].form == FORM_Q4K || parts[i].form == FORM_Q6K;
         per256 |= coarse;
         per32 |= !coarse;
-        tiles += (parts[i].n + TILE - 1) / TILE;
+        tiles += tiles_of(parts[i]);
     }
     Scratch s32(per32 ? M : 0, K), s256(per256 ? M : 0, K);
     const QuantRows r32 = s32.rows(M, K);
@@ -417,10 +420,7 @@ void anve_linear_parts(const float *x, int M, int K, int n_parts, const Part *pa
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < tiles; ++t) {
         int i = 0, first = 0;  // part i holds tiles first .. first + its tile count - 1
-        while (t - first >= (parts[i].n + TILE - 1) / TILE) {
-            first += (parts[i].n + TILE - 1) / TILE;
-            ++i;
-        }
+        while (t - first >= tiles_of(parts[i])) first += tiles_of(parts[i++]);
         const int n0 = (t - first) * TILE, n1 = n0 + TILE < parts[i].n ? n0 + TILE : parts[i].n;
         part_tile(parts[i], M, K, r32, r256, n0, n1);
     }
