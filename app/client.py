@@ -243,6 +243,8 @@ class WorkerClient(QObject):
         self._wake: asyncio.Event | None = None
         self._missed = 0
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._sent: dict[str, int] = {}  # per settings path: requests sent, answers applied
+        self._applied: dict[str, int] = {}
         self.engine: EngineInfo | None = None
         self.health = Health("starting", message="Starting the worker…")
 
@@ -586,10 +588,15 @@ class WorkerClient(QObject):
 
     async def _setting_call(self, method: str, path: str, body: dict[str, Any] | None,
                             received: Any, failed: Any) -> None:
-        """One request to our worker's settings API; the answer or the reason is emitted."""
+        """One request to our worker's settings API; the answer or the reason is emitted.
+
+        An answer is dropped when the answer to a request sent later on the same path came
+        first: a slow ``GET`` must not undo what a ``PUT``/``POST`` after it reported.
+        """
         if self.url is None:
             failed.emit("the worker is not running")
             return
+        sent = self._sent[path] = self._sent.get(path, 0) + 1
         headers = {}
         if method != "GET" and self._admin_token:
             headers["Authorization"] = f"Bearer {self._admin_token}"
@@ -605,6 +612,10 @@ class WorkerClient(QObject):
             log.warning("%s %s failed: %s", method, path, exc)
             failed.emit(str(exc) or type(exc).__name__)
             return
+        if sent < self._applied.get(path, 0):
+            log.debug("%s %s answered after a later request's answer; dropped", method, path)
+            return
+        self._applied[path] = sent
         received.emit(data)
 
     def fetch_models(self) -> None:
