@@ -34,7 +34,8 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "qdot.cpp"
-FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
+         "-ffp-contract=off")  # a * b + c rounds twice, as torch's elementwise ops do
 CPU_FLAGS = frozenset({"avx2", "fma", "f16c"})
 GROUP = 32  # activations and q4 weights are grouped by 32 input features
 _P, _I = ctypes.c_void_p, ctypes.c_int
@@ -87,6 +88,22 @@ class Part(ctypes.Structure):
                 ("bias", ctypes.c_void_p), ("y", ctypes.c_void_p)]
 
 
+class DecoderLayer(ctypes.Structure):
+    """One layer of an ``anve_decoder_step`` call: its weights and KV cache buffers."""
+
+    _fields_ = [("norm1", _P), ("norm2", _P), ("qkv", Part * 3), ("o", Part),
+                ("gate_up", Part * 2), ("down", Part), ("kbuf", _P), ("vbuf", _P),
+                ("head_stride", ctypes.c_int64)]
+
+
+class DecoderModel(ctypes.Structure):
+    """The shapes and layers of an ``anve_decoder_step`` call."""
+
+    _fields_ = [("n_layers", _I), ("hidden", _I), ("heads", _I), ("kv_heads", _I),
+                ("head_dim", _I), ("inter", _I), ("eps", ctypes.c_float),
+                ("scaling", ctypes.c_float), ("layers", ctypes.POINTER(DecoderLayer))]
+
+
 FORMS = {"q4": 0, "q8": 1, "q4k": 2, "q6k": 3}
 PartSpec = tuple[str, tuple[torch.Tensor, ...], torch.Tensor | None]  # form, weights, bias
 
@@ -102,6 +119,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.anve_row_attention.argtypes = [_P, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_int64,
                                        ctypes.c_float]
     lib.anve_row_attention.restype = None
+    lib.anve_decoder_step.argtypes = [ctypes.POINTER(DecoderModel), _P, _I, _I, _P, _P]
+    lib.anve_decoder_step.restype = None
     return lib
 
 

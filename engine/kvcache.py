@@ -48,9 +48,24 @@ class GrowingLayer(DynamicLayer):
         assert self._key_buf is not None and self._value_buf is not None
         self._key_buf[..., start : start + new, :] = key_states
         self._value_buf[..., start : start + new, :] = value_states
-        return self._set_length(start + new)
+        return self.set_length(start + new)
 
-    def _set_length(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def room(self, new: int, heads: int, head_dim: int, dtype: torch.dtype
+             ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Buffers ``[1, heads, capacity, head_dim]`` (keys, values) with room for ``new``
+        more positions, and the first of them: for a caller that writes them itself and
+        then calls :meth:`set_length`."""
+        start = self._length if self.is_initialized else 0
+        if not self.is_initialized or self._key_buf is None or (
+                self._key_buf.shape[-2] < start + new):
+            empty = torch.empty(1, heads, 0, head_dim, dtype=dtype)
+            if not self.is_initialized:
+                self.lazy_initialization(empty, empty)
+            self._reserve(empty, empty, start + new)
+        assert self._key_buf is not None and self._value_buf is not None
+        return self._key_buf, self._value_buf, start
+
+    def set_length(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         assert self._key_buf is not None and self._value_buf is not None
         self._length = length
         keys = self._key_buf[..., :length, :]  # [B, H, length, Dh]
@@ -63,7 +78,7 @@ class GrowingLayer(DynamicLayer):
             raise ValueError("crop takes the negative number of positions to remove")
         if tokens_to_remove == 0 or not self.is_initialized or self._key_buf is None:
             return
-        self._set_length(max(0, self._length + tokens_to_remove))
+        self.set_length(max(0, self._length + tokens_to_remove))
 
     def reset(self) -> None:
         self._key_buf = self._value_buf = None

@@ -11,6 +11,15 @@ at batch 1 does not need: mask building, output records, kwargs plumbing and mod
 hooks, about a fifth of a Qwen 1.5B step on this CPU; and on our kernels it computes
 q, k, v and gate, up each in one native call (:func:`engine.fastlinear.fused`, the same
 numbers). Longer inputs (prefill) go through the model's own forward.
+
+Where every linear layer runs on our kernels (float32, SiLU MLP, the cache a
+:class:`engine.kvcache.GrowingLayer` per layer), the layers run instead as one native
+call (:class:`NativeDecoder`, ``anve_decoder_step``): the same computation with RMSNorm,
+rotary, SiLU and the residual adds in C, so the step costs the kernels and little else
+(the draft model's step was a third Python and small torch ops). Its numbers then
+differ from the model's forward within float32 rounding (norm sums, ``exp``), while the
+property speculation rests on holds bit for bit: a k-row step gives each row exactly
+what a one-row step gives (tested).
 """
 
 from collections.abc import Callable
@@ -20,8 +29,10 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache
 
-from engine.fastlinear import fused
+from engine import kernels
+from engine.fastlinear import NativeLinear, fused
 from engine.invariant import MAX_ROWS, ROW_ATTENTION, row_attention
+from engine.kvcache import GrowingLayer
 
 SUPPORTED = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM"})
 
@@ -48,6 +59,90 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _linears(layer: _Layer) -> list[Any]:
+    return [layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down]
+
+
+class NativeDecoder:
+    """Every decoder layer of a model as one ``anve_decoder_step`` call.
+
+    The C structs point into the layers' weight buffers (watched: a replaced buffer
+    rebuilds them) and into each step's KV cache buffers.
+    """
+
+    def __init__(self, model: Any, layers: list[_Layer]) -> None:
+        config, attn = model.config, layers[0].attn
+        self.layers = layers
+        self.heads, self.kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads)
+        self.head_dim = int(attn.head_dim)
+        self.structs = (kernels.DecoderLayer * len(layers))()
+        self.model = kernels.DecoderModel(
+            len(layers), int(config.hidden_size), self.heads, self.kv_heads, self.head_dim,
+            int(config.intermediate_size), float(layers[0].norm1.variance_epsilon),
+            float(attn.scaling), self.structs)
+        self._watch: list[tuple[dict[str, Any], str, Any]] = []
+        self._build()
+
+    def _build(self) -> None:
+        self._held = []  # the kernels.Layers whose arrays the structs point into
+        for struct, layer in zip(self.structs, self.layers, strict=True):
+            struct.norm1 = layer.norm1.weight.data_ptr()
+            struct.norm2 = layer.norm2.weight.data_ptr()
+            for field, group in (("qkv", [layer.q, layer.k, layer.v]), ("o", [layer.o]),
+                                 ("gate_up", [layer.gate, layer.up]), ("down", [layer.down])):
+                built = kernels.Layers(group[0].in_features, [lin.part() for lin in group])
+                self._held.append(built)
+                if field in ("o", "down"):
+                    setattr(struct, field, built.structs[0])
+                else:
+                    for i, part in enumerate(built.structs):
+                        getattr(struct, field)[i] = part
+        self._watch = [(module._buffers, name, tensor)
+                       for layer in self.layers
+                       for module in (layer.norm1, layer.norm2, *_linears(layer))
+                       for name, tensor in module._buffers.items()]
+        self._watch += [(module._parameters, "weight", module.weight)
+                        for layer in self.layers for module in (layer.norm1, layer.norm2)]
+
+    def __call__(self, x: torch.Tensor, cache: Cache, cos: torch.Tensor, sin: torch.Tensor
+                 ) -> torch.Tensor:
+        """``x [1, T, H]`` through every layer, the new keys and values into ``cache``."""
+        if not all(registry.get(name) is tensor for registry, name, tensor in self._watch):
+            self._build()
+        t = x.shape[1]
+        start = 0
+        for struct, cache_layer in zip(self.structs, cache.layers, strict=True):
+            keys, values, start = cache_layer.room(t, self.kv_heads, self.head_dim,
+                                                   torch.float32)
+            struct.kbuf, struct.vbuf = keys.data_ptr(), values.data_ptr()
+            struct.head_stride = keys.stride(1)
+        x = x.contiguous()
+        cos, sin = cos.contiguous(), sin.contiguous()  # [1, T, Dh]
+        kernels.library().anve_decoder_step(self.model, x.data_ptr(), t, start,  # type: ignore[union-attr]
+                                            cos.data_ptr(), sin.data_ptr())
+        for cache_layer in cache.layers:
+            cache_layer.set_length(start + t)
+        return x
+
+
+def native_decoder(model: Any, layers: list[_Layer]) -> NativeDecoder | None:
+    """A :class:`NativeDecoder` where the whole step can run natively, else ``None``."""
+    config = model.config
+    norms = [norm for layer in layers for norm in (layer.norm1, layer.norm2)]
+    fits = (
+        kernels.available()
+        and getattr(config, "hidden_act", None) == "silu"
+        and all(isinstance(lin, NativeLinear) for layer in layers for lin in _linears(layer))
+        and all(getattr(n, "weight", None) is not None and n.weight.dtype == torch.float32
+                and n.weight.is_contiguous() for n in norms)
+        and len({getattr(n, "variance_epsilon", None) for n in norms}) == 1
+        and len({float(layer.attn.scaling) for layer in layers}) == 1
+        and int(layers[0].attn.head_dim) % 8 == 0
+        and model.model.embed_tokens.weight.dtype == torch.float32
+    )
+    return NativeDecoder(model, layers) if fits else None
+
+
 class LeanStep:
     """Decoding and verification forwards of one supported model."""
 
@@ -65,6 +160,7 @@ class LeanStep:
                    fused([d.mlp.gate_proj, d.mlp.up_proj]))
             for d in inner.layers
         ]
+        self.native = native_decoder(model, self.layers)
 
     def _attention(self, layer: _Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    cache: Cache, index: int) -> torch.Tensor:
@@ -83,6 +179,18 @@ class LeanStep:
                                scaling=layer.attn.scaling, sliding_window=None)
         return layer.o.forward(out.reshape(1, t, -1).contiguous())  # [1, T, H * Dh]
 
+    def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Cache
+                ) -> torch.Tensor:
+        for index, layer in enumerate(self.layers):
+            x = x + self._attention(layer, layer.norm1.forward(x), cos, sin, cache, index)
+            h = layer.norm2.forward(x)
+            if layer.gate_up is not None:
+                gate, up = layer.gate_up(h)
+            else:
+                gate, up = layer.gate.forward(h), layer.up.forward(h)
+            x = x + layer.down.forward(layer.act(gate) * up)
+        return x  # [1, T, H]
+
     @torch.inference_mode()
     def step(self, ids: list[int], cache: Cache, rows: int, keep: bool
              ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -93,14 +201,10 @@ class LeanStep:
         start = cache.get_seq_length()
         positions = torch.arange(len(ids)).unsqueeze(0) + start  # [1, T]
         cos, sin = self.rotary(x, positions)  # [1, T, Dh] each
-        for index, layer in enumerate(self.layers):
-            x = x + self._attention(layer, layer.norm1.forward(x), cos, sin, cache, index)
-            h = layer.norm2.forward(x)
-            if layer.gate_up is not None:
-                gate, up = layer.gate_up(h)
-            else:
-                gate, up = layer.gate.forward(h), layer.up.forward(h)
-            x = x + layer.down.forward(layer.act(gate) * up)
+        if self.native is not None and all(isinstance(c, GrowingLayer) for c in cache.layers):
+            x = self.native(x, cache, cos, sin)
+        else:
+            x = self._layers(x, cos, sin, cache)
         x = self.norm.forward(x)  # [1, T, H]
         logits = self.lm_head.forward(x[:, -rows:, :])  # [1, rows, V]
         return logits, (x if keep else None)

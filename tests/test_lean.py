@@ -1,13 +1,16 @@
-"""The lean decoding step computes exactly what the model's own forward computes."""
+"""The lean decoding step computes what the model's own forward computes: exactly in
+Python, within float32 rounding as one native call; either way a k-row step gives each
+row exactly what a one-row step gives."""
 
 from pathlib import Path
 
 import pytest
 import torch
 
+from engine import kernels, kvcache
 from engine.accelerate import accelerate
 from engine.kvcache import growing_cache
-from engine.lean import lean_step
+from engine.lean import LeanStep, lean_step
 from engine.runner import ModelRunner
 from tests.test_fastlinear import NATIVE, gguf_model
 from tests.tiny import tiny_model
@@ -20,7 +23,8 @@ def test_lean_step_is_bit_identical_to_the_forward(tmp_path: Path, kind: str, na
     model, path = gguf_model(tmp_path, kind)
     accelerate(model, path, "int4+int8", native=native)
     step = lean_step(model)
-    assert step is not None
+    assert step is not None and (step.native is not None) == native
+    step.native = None  # the Python route; the native one is tested below
     ours, theirs = growing_cache(model.config), growing_cache(model.config)
     prompt = torch.tensor([[3, 17, 42, 99, 7, 250, 11, 60]])
     with torch.inference_mode():
@@ -49,3 +53,71 @@ def test_models_off_row_attention_keep_their_own_forward() -> None:
     assert step is not None
     with pytest.raises(ValueError, match="lean step"):
         step.step(list(range(17)), growing_cache(model.config), 1, keep=False)
+
+
+def native_step(tmp_path: Path, kind: str) -> tuple[torch.nn.Module, LeanStep]:
+    if not kernels.available():
+        pytest.skip("native kernels need AVX2, FMA, F16C and a C++ compiler")
+    model, path = gguf_model(tmp_path, kind)
+    accelerate(model, path, "int4+int8", native=True)
+    step = lean_step(model)
+    assert step is not None and step.native is not None
+    return model, step
+
+
+PROMPT = [3, 17, 42, 99, 7, 250, 11, 60]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_the_native_step_matches_the_forward_within_rounding(tmp_path: Path, kind: str) -> None:
+    model, step = native_step(tmp_path, kind)
+    ours, theirs = growing_cache(model.config), growing_cache(model.config)
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([PROMPT]), cache=ours)
+        model(input_ids=torch.tensor([PROMPT]), cache=theirs)
+        for new in ([5], [77, 300, 12], [9, 100, 42, 8, 1], [4]):
+            logits, hidden = step.step(new, ours, len(new), keep=True)
+            out = model(input_ids=torch.tensor([new]), cache=theirs, logits_to_keep=len(new),
+                        output_hidden_states=True)
+            torch.testing.assert_close(logits, out.logits, rtol=0, atol=2e-2)
+            assert hidden is not None
+            torch.testing.assert_close(hidden, out.hidden_states[-1], rtol=0, atol=2e-2)
+        for layer_ours, layer_theirs in zip(ours.layers, theirs.layers, strict=True):
+            torch.testing.assert_close(layer_ours.keys, layer_theirs.keys, rtol=0, atol=2e-2)
+            torch.testing.assert_close(layer_ours.values, layer_theirs.values, rtol=0, atol=2e-2)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_a_native_k_row_step_gives_each_row_what_one_row_steps_give(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kvcache, "MIN_CAPACITY", 10)  # the buffers grow during the test
+    model, step = native_step(tmp_path, kind)
+    rows, single = growing_cache(model.config), growing_cache(model.config)
+    new = [9, 100, 42, 8, 1, 77]
+    with torch.inference_mode():
+        for cache in (rows, single):
+            model(input_ids=torch.tensor([PROMPT]), cache=cache)
+        together, _ = step.step(new, rows, len(new), keep=False)  # [1, 6, V]
+        apart = torch.cat([step.step([t], single, 1, keep=False)[0] for t in new], dim=1)
+    assert torch.equal(together, apart)
+    assert rows.get_seq_length() == single.get_seq_length() == len(PROMPT) + len(new)
+    for a, b in zip(rows.layers, single.layers, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
+def test_the_native_step_follows_replaced_weights_and_cropped_caches(tmp_path: Path) -> None:
+    model, step = native_step(tmp_path, "qwen2")
+    cache = growing_cache(model.config)
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([PROMPT]), cache=cache)
+        first, _ = step.step([5, 6], cache, 2, keep=False)
+        cache.crop(-2)
+        again, _ = step.step([5, 6], cache, 2, keep=False)
+        assert torch.equal(first, again) and cache.get_seq_length() == len(PROMPT) + 2
+        down = model.model.layers[0].mlp.down_proj
+        name = down.BUFFERS[0]
+        down._buffers[name] = torch.zeros_like(down._buffers[name])  # a new array
+        cache.crop(-2)
+        changed, _ = step.step([5, 6], cache, 2, keep=False)
+    assert not torch.equal(first, changed)

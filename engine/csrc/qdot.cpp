@@ -25,6 +25,12 @@
 // query rows, each over its own causal prefix of the cache, one (row, head) pair per
 // task, every sum in a fixed order: a row's output never depends on how many rows came
 // with it, like the linear kernels above.
+//
+// Decoder step (anve_decoder_step): a whole Llama/Qwen2 decoding step of T <= 16 new
+// tokens through every layer in one call (RMSNorm, q/k/v, rotary, the KV cache write,
+// row attention, o, residual, RMSNorm, gate/up, SiLU * up, down, residual), built from
+// the pieces above and row-wise elementwise code with no threads' say in any sum, so it
+// keeps their promise: row t of a T-row step is bit-identical to a one-row step.
 
 #include <immintrin.h>
 #include <math.h>
@@ -305,6 +311,68 @@ void attend_row(const float *q, const float *k, const float *v, int len, int Dh,
     }
 }
 
+// --- elementwise pieces of a decoder layer (one row at a time, fixed order) ----------
+
+// y[t] = w * (x[t] * r), r = 1 / sqrt(mean(x[t]^2) + eps), for T rows of n (a multiple of 8).
+void rms_norm(const float *x, const float *w, float *y, int T, int n, float eps) {
+    for (int t = 0; t < T; ++t) {
+        const float *xr = x + (int64_t)t * n;
+        float *yr = y + (int64_t)t * n;
+        const float r = 1.0f / sqrtf(dot8(xr, xr, n) / (float)n + eps);
+        const __m256 vr = _mm256_set1_ps(r);
+        for (int i = 0; i < n; i += 8) {
+            const __m256 xi = _mm256_mul_ps(_mm256_loadu_ps(xr + i), vr);
+            _mm256_storeu_ps(yr + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), xi));
+        }
+    }
+}
+
+// e^x for 8 floats (x clamped to +-88): 2^n * p(r), n = round(x / ln 2), |r| <= ln 2 / 2,
+// p the degree-6 Taylor polynomial; about 2 ulp.
+inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.0f)), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i bits = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+// gate[i] = silu(gate[i]) * up[i] = gate / (1 + e^-gate) * up, for n (a multiple of 8).
+void silu_mul(float *gate, const float *up, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= 16384)
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        const __m256 s = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+        _mm256_storeu_ps(gate + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+    }
+}
+
+// Rotary embedding of one head vector (Dh floats) at one position: out = x * c +
+// rotate_half(x) * s, rotate_half(x) = (-x[half:], x[:half]), as transformers computes it.
+void rotate(const float *x, const float *c, const float *s, int Dh, float *out) {
+    const int half = Dh / 2;
+    for (int i = 0; i < half; ++i) {
+        out[i] = x[i] * c[i] - x[i + half] * s[i];
+        out[i + half] = x[i + half] * c[i + half] + x[i] * s[i + half];
+    }
+}
+
+void add_into(float *x, const float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+}
+
 QuantRows rows_from(const QuantRows &q, int m0, int K) {
     const int64_t G = K / GROUP;
     return {q.codes + m0 * (int64_t)K, q.scale + m0 * G, q.sum + m0 * G};
@@ -352,7 +420,7 @@ struct Scratch {
 
 extern "C" {
 
-int anve_qdot_version(void) { return 5; }
+int anve_qdot_version(void) { return 6; }
 
 // One linear layer of a call: its weight form, N, weight arrays (in the order of the
 // forms above), optional bias [N] and output y [M, N].
@@ -443,6 +511,75 @@ void anve_row_attention(const float *q, const float *k, const float *v, float *o
         }
         free(scores);
     }
+}
+
+// One decoder layer's weights and its KV cache (the C side of engine/lean.py's DecoderLayer).
+struct DecoderLayer {
+    const float *norm1, *norm2;  // [hidden] RMSNorm weights
+    Part qkv[3];                  // q [H * Dh], k, v [Hkv * Dh] (their y set per call)
+    Part o;                       // [hidden]
+    Part gate_up[2];              // [inter] each
+    Part down;                    // [hidden]
+    float *kbuf, *vbuf;           // [Hkv, capacity, Dh]
+    int64_t head_stride;          // capacity * Dh
+};
+
+struct DecoderModel {
+    int n_layers, hidden, heads, kv_heads, head_dim, inter;
+    float eps, scaling;
+    DecoderLayer *layers;
+};
+
+// x[T, hidden] (in place) through every layer for new positions start .. start + T - 1,
+// their rotary cos, sin [T, Dh] given; each layer's cache must hold room for start + T
+// positions and gets the new keys and values written there. hidden, H * Dh and inter are
+// multiples of 256 (q4k/q6k) or 32 (q4/q8) as their parts need, Dh a multiple of 8.
+void anve_decoder_step(const DecoderModel *m, float *x, int T, int start, const float *cos,
+                       const float *sin) {
+    const int hd = m->heads * m->head_dim, kvd = m->kv_heads * m->head_dim, Dh = m->head_dim;
+    const int64_t sizes[] = {m->hidden, hd, kvd, kvd, hd, hd, m->hidden, m->inter, m->inter};
+    int64_t total = 0;
+    for (int64_t n : sizes) total += n * T;
+    float *block = (float *)aligned_alloc(64, (size_t)((total * 4 + 63) / 64 * 64));
+    float *h = block, *q = h + (int64_t)T * m->hidden, *k = q + (int64_t)T * hd;
+    float *v = k + (int64_t)T * kvd, *qr = v + (int64_t)T * kvd, *att = qr + (int64_t)T * hd;
+    float *o = att + (int64_t)T * hd, *gate = o + (int64_t)T * m->hidden;
+    float *up = gate + (int64_t)T * m->inter;
+    for (int l = 0; l < m->n_layers; ++l) {
+        const DecoderLayer &L = m->layers[l];
+        rms_norm(x, L.norm1, h, T, m->hidden, m->eps);
+        Part qkv[3] = {L.qkv[0], L.qkv[1], L.qkv[2]};
+        qkv[0].y = q, qkv[1].y = k, qkv[2].y = v;
+        anve_linear_parts(h, T, m->hidden, 3, qkv);
+        for (int t = 0; t < T; ++t) {
+            const float *c = cos + (int64_t)t * Dh, *s = sin + (int64_t)t * Dh;
+            for (int hh = 0; hh < m->heads; ++hh)  // q as [H, T, Dh] for the attention
+                rotate(q + ((int64_t)t * m->heads + hh) * Dh, c, s, Dh,
+                       qr + ((int64_t)hh * T + t) * Dh);
+            for (int kv = 0; kv < m->kv_heads; ++kv) {
+                const int64_t at = kv * L.head_stride + (int64_t)(start + t) * Dh;
+                const int64_t from = ((int64_t)t * m->kv_heads + kv) * Dh;
+                rotate(k + from, c, s, Dh, L.kbuf + at);
+                for (int i = 0; i < Dh; ++i) L.vbuf[at + i] = v[from + i];
+            }
+        }
+        anve_row_attention(qr, L.kbuf, L.vbuf, att, m->heads, m->kv_heads, T, start + T, Dh,
+                           L.head_stride, m->scaling);
+        Part op = L.o;
+        op.y = o;
+        anve_linear_parts(att, T, hd, 1, &op);
+        add_into(x, o, (int64_t)T * m->hidden);
+        rms_norm(x, L.norm2, h, T, m->hidden, m->eps);
+        Part gu[2] = {L.gate_up[0], L.gate_up[1]};
+        gu[0].y = gate, gu[1].y = up;
+        anve_linear_parts(h, T, m->hidden, 2, gu);
+        silu_mul(gate, up, (int64_t)T * m->inter);
+        Part dp = L.down;
+        dp.y = o;
+        anve_linear_parts(gate, T, m->inter, 1, &dp);
+        add_into(x, o, (int64_t)T * m->hidden);
+    }
+    free(block);
 }
 
 }  // extern "C"
