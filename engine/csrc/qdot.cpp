@@ -49,10 +49,15 @@ struct QuantRows {
 };
 
 // The int8 scale of a block of n activations: max|x| / 127.
-inline float block_scale(const float *src, int n) {
-    float amax = 0.0f;
-    for (int i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(src[i]));
-    return amax / 127.0f;
+inline float block_scale(const float *src, int n) {  // n a multiple of 8
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 top = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8)
+        top = _mm256_max_ps(top, _mm256_andnot_ps(sign, _mm256_loadu_ps(src + i)));
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m) / 127.0f;
 }
 
 // Round one group of 32 activations to int8 codes at 1 / d; returns the codes' sum.
@@ -79,11 +84,34 @@ void quantize_rows(const float *x, int M, int K, QuantRows q) {
     }
 }
 
-inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+inline float hsum4(__m128 s) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+}
+
+inline float hsum(__m256 v) {
+    return hsum4(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
+}
+
+// e^x for 8 floats (x clamped to +-88): 2^n * p(r), n = round(x / ln 2), |r| <= ln 2 / 2,
+// p the degree-6 Taylor polynomial; about 2 ulp.
+inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.0f)), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i bits = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
 inline __m256 dot_group(__m256i w_u8, const int8_t *xq) {
@@ -162,12 +190,6 @@ void quantize_rows_256(const float *x, int M, int K, QuantRows256 q) {
     }
 }
 
-inline int hsum_epi32(__m128i v) {
-    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2)));
-    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm_cvtsi128_si32(v);
-}
-
 struct Q4KWeights {
     const uint8_t *codes;  // [N, K / 2]
     const int16_t *sc;     // [N, K / 32]
@@ -182,10 +204,10 @@ void q4k_rows(const QuantRows256 xq, int K, const Q4KWeights w, const float *bia
     const int S = K / SUPER, G = K / GROUP;
     for (int n = n0; n < n1; ++n) {
         __m256 acc[M];
-        float corr[M];
+        __m128 corr[M];  // the mins' term, summed as a vector, reduced once at the end
         for (int m = 0; m < M; ++m) {
             acc[m] = _mm256_setzero_ps();
-            corr[m] = 0.0f;
+            corr[m] = _mm_setzero_ps();
         }
         for (int sb = 0; sb < S; ++sb) {
             __m256i iacc[M];
@@ -207,11 +229,12 @@ void q4k_rows(const QuantRows256 xq, int K, const Q4KWeights w, const float *bia
                 const float dx = xq.scale[(int64_t)m * S + sb];
                 acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[m]), _mm256_set1_ps(d * dx), acc[m]);
                 const __m128i bs = _mm_loadu_si128((const __m128i *)(xq.bsum + (int64_t)m * G + sb * 8));
-                corr[m] = fmaf(dmin * dx, (float)hsum_epi32(_mm_madd_epi16(mins, bs)), corr[m]);
+                corr[m] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mins, bs)),
+                                       _mm_set1_ps(dmin * dx), corr[m]);
             }
         }
         const float b = bias ? bias[n] : 0.0f;
-        for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = (hsum(acc[m]) - corr[m]) + b;
+        for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = (hsum(acc[m]) - hsum4(corr[m])) + b;
     }
 }
 
@@ -281,12 +304,35 @@ void q8_rows(const QuantRows xq, int K, const int8_t *codes, const float *scale,
 }
 
 
-// Dot product of two float vectors of n (a multiple of 8), in a fixed order.
+// Dot product of two float vectors of n (a multiple of 8), in a fixed order: four
+// accumulators over 32 at a time (the FMA latency hides behind the other three).
 inline float dot8(const float *a, const float *b, int n) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int i = 0; i < n; i += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    return hsum(acc);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    int i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int c = 0; c < 4; ++c)
+            acc[c] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8 * c),
+                                     _mm256_loadu_ps(b + i + 8 * c), acc[c]);
+    for (; i < n; i += 8)
+        acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc[0]);
+    return hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+}
+
+// out[i0 .. i0 + 8C) = inv * sum_j scores[j] * v[j, i0 ..]: C independent accumulators.
+template <int C>
+inline void weighted_sum(const float *scores, const float *v, int len, int Dh, int i0,
+                         float inv, float *out) {
+    __m256 acc[C];
+    for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+    for (int j = 0; j < len; ++j) {
+        const __m256 s = _mm256_set1_ps(scores[j]);
+        const float *row = v + (int64_t)j * Dh + i0;
+        for (int c = 0; c < C; ++c)
+            acc[c] = _mm256_fmadd_ps(s, _mm256_loadu_ps(row + 8 * c), acc[c]);
+    }
+    for (int c = 0; c < C; ++c)
+        _mm256_storeu_ps(out + i0 + 8 * c, _mm256_mul_ps(acc[c], _mm256_set1_ps(inv)));
 }
 
 // One query row of one head: out[Dh] = softmax(q . K[:len]^T * scaling) . V[:len].
@@ -295,20 +341,25 @@ void attend_row(const float *q, const float *k, const float *v, int len, int Dh,
     float top = -INFINITY;
     for (int j = 0; j < len; ++j) {
         scores[j] = dot8(q, k + (int64_t)j * Dh, Dh) * scaling;
-        top = fmaxf(top, scores[j]);
+        top = scores[j] > top ? scores[j] : top;
     }
-    float total = 0.0f;
-    for (int j = 0; j < len; ++j) {
+    const __m256 vtop = _mm256_set1_ps(top);
+    __m256 sums = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 8 <= len; j += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + j), vtop));
+        _mm256_storeu_ps(scores + j, e);
+        sums = _mm256_add_ps(sums, e);
+    }
+    float total = hsum(sums);
+    for (; j < len; ++j) {
         scores[j] = expf(scores[j] - top);
         total += scores[j];
     }
-    for (int i = 0; i < Dh; i += 8) {
-        __m256 acc = _mm256_setzero_ps();
-        for (int j = 0; j < len; ++j)
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[j]),
-                                  _mm256_loadu_ps(v + (int64_t)j * Dh + i), acc);
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(acc, _mm256_set1_ps(1.0f / total)));
-    }
+    const float inv = 1.0f / total;
+    int i = 0;
+    for (; i + 64 <= Dh; i += 64) weighted_sum<8>(scores, v, len, Dh, i, inv, out);
+    for (; i < Dh; i += 8) weighted_sum<1>(scores, v, len, Dh, i, inv, out);
 }
 
 // --- elementwise pieces of a decoder layer (one row at a time, fixed order) ----------
@@ -325,26 +376,6 @@ void rms_norm(const float *x, const float *w, float *y, int T, int n, float eps)
             _mm256_storeu_ps(yr + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), xi));
         }
     }
-}
-
-// e^x for 8 floats (x clamped to +-88): 2^n * p(r), n = round(x / ln 2), |r| <= ln 2 / 2,
-// p the degree-6 Taylor polynomial; about 2 ulp.
-inline __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.0f)), _mm256_set1_ps(88.0f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    const __m256i bits = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
 // gate[i] = silu(gate[i]) * up[i] = gate / (1 + e^-gate) * up, for n (a multiple of 8).
@@ -420,7 +451,7 @@ struct Scratch {
 
 extern "C" {
 
-int anve_qdot_version(void) { return 6; }
+int anve_qdot_version(void) { return 7; }
 
 // One linear layer of a call: its weight form, N, weight arrays (in the order of the
 // forms above), optional bias [N] and output y [M, N].
