@@ -352,7 +352,7 @@ def row_specs(engine: ChatEngine, k: int, max_tokens: int) -> list[RowSpec]:
         return lambda e, ids, kind: run_transformers(e, ids, kind, mode, max_tokens, k)
 
     specs: list[RowSpec] = [("plain (ours)", ours("off", k))]
-    for method in ("draft", "ngram", "suffix", "eagle"):
+    for method in ("draft", "ngram", "suffix", "hybrid", "eagle"):
         if method in engine.methods:
             specs += [(f"{method} k={k}", ours(method, k)),
                       (f"{method} adaptive", ours(method, ADAPTIVE))]

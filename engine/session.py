@@ -21,6 +21,7 @@ from engine.detokenize import IncrementalDetokenizer
 from engine.drafters import Drafter
 from engine.drafters.draft_model import DraftModelDrafter
 from engine.drafters.eagle import eagle_for
+from engine.drafters.hybrid import HybridDrafter
 from engine.drafters.ngram import NgramDrafter
 from engine.drafters.suffix import SuffixDrafter
 from engine.errors import BadRequestError, PromptTooLongError
@@ -125,6 +126,7 @@ class ChatEngine:
         }
         if draft is not None:
             self.drafters["draft"] = DraftModelDrafter(draft, target.vocab_size)
+            self.drafters["hybrid"] = HybridDrafter(self.drafters)
         eagle = eagle_for(target, None if head is None else Path(head), data_dir)
         if eagle is not None:
             self.drafters["eagle"] = eagle

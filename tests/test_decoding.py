@@ -9,6 +9,7 @@ import torch
 from engine.decoding import decode, prefill_drafter
 from engine.drafters import Draft
 from engine.drafters.draft_model import DraftModelDrafter
+from engine.drafters.hybrid import HybridDrafter
 from engine.drafters.ngram import NgramDrafter
 from engine.drafters.suffix import SuffixDrafter
 from engine.models import LoadedModel
@@ -73,6 +74,8 @@ def test_greedy_speculative_equals_greedy_plain_for_every_drafter(kind: str) -> 
             DraftModelDrafter(loaded(same), vocab, draft_vocab=40),  # never drafts ids >= 40
             NgramDrafter(),
             SuffixDrafter([plain[: len(plain) // 2], prompt]),
+            HybridDrafter({"suffix": SuffixDrafter([plain[: len(plain) // 3]]),
+                           "draft": DraftModelDrafter(loaded(other), vocab)}),
         ]
         for drafter in drafters:
             k = 1 + (i % 5)
@@ -171,17 +174,20 @@ def test_speculative_sampling_matches_plain_sampling_end_to_end(draft_vocab: int
     prompt = [1, 2, 3]
     exact = _exact_two_token_distribution(target, prompt)
     drafter = DraftModelDrafter(loaded(draft), vocab, draft_vocab=draft_vocab)
-    counts = {"off": torch.zeros(vocab * vocab), "draft": torch.zeros(vocab * vocab)}
+    # the lookup drafts (q one-hot) after "2 3" and "4 5", the draft model elsewhere
+    lookup = SuffixDrafter([[2, 3, 4, 5, 6], [4, 5, 1, 7]], key_len=2)
+    hybrid = HybridDrafter({"suffix": lookup, "draft": drafter}, min_lookup=1)
+    counts = {m: torch.zeros(vocab * vocab) for m in ("off", "draft", "hybrid")}
     runner = ModelRunner(target)
-    for method, d in (("off", None), ("draft", drafter)):
+    for method, d in (("off", None), ("draft", drafter), ("hybrid", hybrid)):
         for seed in range(1500):
             params = SamplingParams(temperature=1.0, seed=seed)
             steps = decode(runner, prompt, params=params, max_new_tokens=2, max_context=256,
                            drafter=d, num_draft_tokens=2)
             t1, t2 = [t for s in steps for t in s.tokens][:2]
             counts[method][t1 * vocab + t2] += 1
-    assert matches(counts["off"], exact)
-    assert matches(counts["draft"], exact)
+    for method, seen in counts.items():
+        assert matches(seen, exact), method
 
 
 def test_a_draft_model_catches_up_with_the_prompt_before_the_first_pass() -> None:

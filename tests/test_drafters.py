@@ -1,8 +1,11 @@
-"""Model-free drafters: prompt lookup and suffix lookup."""
+"""Model-free drafters (prompt lookup, suffix lookup) and the hybrid that prefers them."""
 
 import numpy as np
+import pytest
 import torch
 
+from engine.drafters import Draft
+from engine.drafters.hybrid import HybridDrafter
 from engine.drafters.ngram import NgramDrafter, ngram_lookup
 from engine.drafters.suffix import SuffixDrafter, SuffixIndex, frequent_path, match_lengths
 from engine.sampling import SamplingParams
@@ -65,3 +68,43 @@ def test_suffix_index_forgets_the_oldest_documents_when_full() -> None:
     assert len(index) <= 20
     assert index.ends([45, 46], 10).size == 1
     assert index.ends([0, 1], 10).size == 0
+
+
+class Recording:
+    """A drafter that proposes fixed tokens (with a marker ``q``) and records calls."""
+
+    name = "model"
+
+    def __init__(self, tokens: tuple[int, ...]) -> None:
+        self.tokens, self.calls, self.observed, self.prefilled = tokens, 0, 0, 0
+
+    def prefill(self, context: list[int]) -> None:
+        self.prefilled += 1
+
+    def propose(self, context, k, params, generator) -> Draft:  # type: ignore[no-untyped-def]
+        self.calls += 1
+        return Draft(self.tokens[:k], torch.full((len(self.tokens[:k]), 4), 0.25))
+
+    def observe(self, context, proposed, accepted) -> None:  # type: ignore[no-untyped-def]
+        self.observed += 1
+
+
+def test_hybrid_takes_the_lookup_when_it_matches_else_the_draft_model() -> None:
+    model = Recording((40, 41, 42))
+    table = {"suffix": SuffixDrafter([[5, 6, 7, 8, 9]]), "draft": model}
+    hybrid = HybridDrafter(table, min_lookup=2)
+    hybrid.prefill([1, 2])
+    assert model.prefilled == 1
+    found = hybrid.propose([1, 5, 6], 3, GREEDY, torch.Generator())
+    assert found.tokens == (7, 8, 9) and found.probs is None and model.calls == 0
+    assert hybrid.propose([1, 5, 6], 1, GREEDY, torch.Generator()).tokens == (7,)  # k < min
+    missed = hybrid.propose([1, 2, 3], 3, GREEDY, torch.Generator())
+    assert missed.tokens == (40, 41, 42) and missed.probs is not None and model.calls == 1
+    short = hybrid.propose([1, 7, 8, 9], 3, GREEDY, torch.Generator())  # 1 lookup token only
+    assert short.tokens == (40, 41, 42) and model.calls == 2
+    table["suffix"] = SuffixDrafter([[1, 2, 3, 11, 12]])  # a swapped table entry is used
+    assert hybrid.propose([1, 2, 3], 3, GREEDY, torch.Generator()).tokens == (11, 12)
+    hybrid.observe([1, 2, 3], 2, 1)
+    assert model.observed == 1
+    with pytest.raises(ValueError, match="min_lookup"):
+        HybridDrafter(table, min_lookup=0)

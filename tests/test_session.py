@@ -34,7 +34,7 @@ def test_methods_give_identical_greedy_answers_with_stats(engine: ChatEngine) ->
     _, plain = answer(engine, method="off", max_tokens=30)
     assert plain.stats.enabled is False and plain.stats.drafted == 0
     assert plain.stats.mean_accepted_length == 1.0
-    for method in ("draft", "ngram", "suffix"):
+    for method in ("draft", "ngram", "suffix", "hybrid"):
         _, spec = answer(engine, method=method, max_tokens=30)
         assert spec.token_ids == plain.token_ids, method
         assert spec.text == plain.text

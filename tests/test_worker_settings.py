@@ -54,7 +54,7 @@ def test_update_applies_a_subset_and_reports_it() -> None:
 @pytest.mark.parametrize(
     ("body", "says"),
     [
-        ({"method": "magic"}, "must be one of draft, ngram, suffix, eagle, off"),
+        ({"method": "magic"}, "must be one of draft, ngram, suffix, hybrid, eagle, off"),
         ({"method": "eagle"}, "not loaded; available: off, ngram, suffix, draft"),
         ({"num_draft_tokens": 0}, "integer from 1 to 16 or 'adaptive'"),
         ({"num_draft_tokens": 17}, "integer from 1 to 16"),

@@ -45,7 +45,7 @@ from app.engines import EngineInfo
 from app.passphrase import MIN_LENGTH
 from app.theme import pad_spin_box
 
-METHOD_CHOICES = ("draft", "ngram", "suffix", "eagle")
+METHOD_CHOICES = ("draft", "ngram", "suffix", "hybrid", "eagle")
 RIGHT = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
 
 
