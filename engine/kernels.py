@@ -11,6 +11,8 @@ When the kernels cannot run, the caller keeps torch's own kernels; nothing else 
 :func:`row_attention` computes attention for a few query rows over the KV cache, each row
 over its own causal prefix and independent of the others (what :mod:`engine.invariant`
 needs), without a Python call per row.
+:func:`decoder_step` runs a whole Llama/Qwen2 decoding step of up to 16 tokens through
+every layer (:class:`DecoderModel`, built by :mod:`engine.lean`) in one call.
 
 The shared library is compiled with the system ``c++`` into the user cache folder
 (``~/.cache/anve/kernels``, or ``ANVE_KERNEL_DIR``), named by a hash of the source and
@@ -217,6 +219,15 @@ def row_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     lib.anve_row_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), h, hkv,
                            t, length, dh, k.stride(1), scaling)
     return out
+
+
+def decoder_step(model: DecoderModel, x: torch.Tensor, start: int, cos: torch.Tensor,
+                 sin: torch.Tensor) -> None:
+    """Run ``x [1, T, H]`` (float32, contiguous, updated in place) through every layer of
+    ``model`` for new positions ``start ..``, given their rotary ``cos``, ``sin [1, T, Dh]``
+    (contiguous); each layer's ``kbuf``/``vbuf`` must have room for ``start + T``."""
+    _library_or_raise().anve_decoder_step(ctypes.byref(model), x.data_ptr(), x.shape[1], start,
+                                          cos.data_ptr(), sin.data_ptr())
 
 
 def main() -> int:

@@ -84,7 +84,7 @@ class NativeDecoder:
         self._build()
 
     def _build(self) -> None:
-        self._held = []  # the kernels.Layers whose arrays the structs point into
+        self._held: list[kernels.Layers] = []  # the calls whose arrays the structs point into
         for struct, layer in zip(self.structs, self.layers, strict=True):
             struct.norm1 = layer.norm1.weight.data_ptr()
             struct.norm2 = layer.norm2.weight.data_ptr()
@@ -116,10 +116,8 @@ class NativeDecoder:
                                                    torch.float32)
             struct.kbuf, struct.vbuf = keys.data_ptr(), values.data_ptr()
             struct.head_stride = keys.stride(1)
-        x = x.contiguous()
-        cos, sin = cos.contiguous(), sin.contiguous()  # [1, T, Dh]
-        kernels.library().anve_decoder_step(self.model, x.data_ptr(), t, start,  # type: ignore[union-attr]
-                                            cos.data_ptr(), sin.data_ptr())
+        x = x.contiguous()  # a fresh tensor (the embedding's output), updated in place
+        kernels.decoder_step(self.model, x, start, cos.contiguous(), sin.contiguous())
         for cache_layer in cache.layers:
             cache_layer.set_length(start + t)
         return x
