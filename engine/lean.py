@@ -104,21 +104,22 @@ class NativeDecoder:
         self._watch += [(module._parameters, "weight", module.weight)
                         for layer in self.layers for module in (layer.norm1, layer.norm2)]
 
-    def __call__(self, x: torch.Tensor, cache: Cache, cos: torch.Tensor, sin: torch.Tensor
-                 ) -> torch.Tensor:
-        """``x [1, T, H]`` through every layer, the new keys and values into ``cache``."""
+    def __call__(self, x: torch.Tensor, cache: list[GrowingLayer], cos: torch.Tensor,
+                 sin: torch.Tensor) -> torch.Tensor:
+        """``x [1, T, H]`` through every layer, the new keys and values into ``cache``
+        (the KV cache's layers, one per decoder layer)."""
         if not all(registry.get(name) is tensor for registry, name, tensor in self._watch):
             self._build()
         t = x.shape[1]
         start = 0
-        for struct, cache_layer in zip(self.structs, cache.layers, strict=True):
+        for struct, cache_layer in zip(self.structs, cache, strict=True):
             keys, values, start = cache_layer.room(t, self.kv_heads, self.head_dim,
                                                    torch.float32)
             struct.kbuf, struct.vbuf = keys.data_ptr(), values.data_ptr()
             struct.head_stride = keys.stride(1)
         x = x.contiguous()  # a fresh tensor (the embedding's output), updated in place
         kernels.decoder_step(self.model, x, start, cos.contiguous(), sin.contiguous())
-        for cache_layer in cache.layers:
+        for cache_layer in cache:
             cache_layer.set_length(start + t)
         return x
 
@@ -199,8 +200,9 @@ class LeanStep:
         start = cache.get_seq_length()
         positions = torch.arange(len(ids)).unsqueeze(0) + start  # [1, T]
         cos, sin = self.rotary(x, positions)  # [1, T, Dh] each
-        if self.native is not None and all(isinstance(c, GrowingLayer) for c in cache.layers):
-            x = self.native(x, cache, cos, sin)
+        growing = [c for c in cache.layers if isinstance(c, GrowingLayer)]
+        if self.native is not None and len(growing) == len(cache.layers):
+            x = self.native(x, growing, cos, sin)
         else:
             x = self._layers(x, cos, sin, cache)
         x = self.norm.forward(x)  # [1, T, H]
