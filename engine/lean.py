@@ -88,15 +88,14 @@ class NativeDecoder:
         for struct, layer in zip(self.structs, self.layers, strict=True):
             struct.norm1 = layer.norm1.weight.data_ptr()
             struct.norm2 = layer.norm2.weight.data_ptr()
-            for field, group in (("qkv", [layer.q, layer.k, layer.v]), ("o", [layer.o]),
-                                 ("gate_up", [layer.gate, layer.up]), ("down", [layer.down])):
-                built = kernels.Layers(group[0].in_features, [lin.part() for lin in group])
-                self._held.append(built)
-                if field in ("o", "down"):
-                    setattr(struct, field, built.structs[0])
-                else:
-                    for i, part in enumerate(built.structs):
-                        getattr(struct, field)[i] = part
+            qkv, o, gate_up, down = (
+                kernels.Layers(group[0].in_features, [lin.part() for lin in group])
+                for group in ([layer.q, layer.k, layer.v], [layer.o], [layer.gate, layer.up],
+                              [layer.down]))
+            self._held += [qkv, o, gate_up, down]
+            struct.qkv[:] = list(qkv.structs)
+            struct.gate_up[:] = list(gate_up.structs)
+            struct.o, struct.down = o.structs[0], down.structs[0]
         self._watch = [(module._buffers, name, tensor)
                        for layer in self.layers
                        for module in (layer.norm1, layer.norm2, *_linears(layer))

@@ -270,8 +270,7 @@ class ChatEngine:
         drafter = self.drafters.get(method)
         self.runner.keep_hidden(bool(getattr(drafter, "wants_hidden", False)))
         self.runner.sync(prompt[:-1])
-        if method != "off":
-            prefill_drafter(drafter, self.runner, prompt)  # the drafter's prompt, too
+        prefill_drafter(drafter, self.runner, prompt)  # the drafter's prompt, too (none: off)
         recorder.prefill_s = time.perf_counter() - recorder.started
         detok = IncrementalDetokenizer(self.target.tokenizer)
         text = TextAssembler(stop)
