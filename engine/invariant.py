@@ -42,21 +42,32 @@ def row_attention(
     key: torch.Tensor,  # [B, Hkv, L, Dh], the cache including the q new positions
     value: torch.Tensor,  # [B, Hkv, L, Dh]
     attention_mask: torch.Tensor | None,
+    tree: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Attention as transformers calls it; returns ``[B, q, H, Dh]``."""
+    """Attention as transformers calls it; returns ``[B, q, H, Dh]``.
+
+    With ``tree`` (:func:`engine.kernels.tree_masks`, lean steps only) the new rows are
+    a draft tree's: row ``i`` sees the cache before them and the rows its mask names,
+    in order, as if they sat contiguously before it.
+    """
     q_len, kv_len = query.shape[2], key.shape[2]
-    if query.shape[0] != 1 or q_len > MAX_ROWS or getattr(module, "sliding_window", None):
+    if tree is None and (query.shape[0] != 1 or q_len > MAX_ROWS
+                         or getattr(module, "sliding_window", None)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     if native_fits(query, key, value, kwargs):
         scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
-        return kernels.row_attention(query, key, value, float(scaling)), None
+        return kernels.row_attention(query, key, value, float(scaling), tree), None
     rows = []
+    before = kv_len - q_len  # cached positions before the new rows
     for i in range(q_len):
-        end = kv_len - q_len + i + 1  # row i sees the cache up to its own position
-        out, _ = sdpa_attention_forward(
-            module, query[:, :, i : i + 1], key[:, :, :end], value[:, :, :end], None, **kwargs
-        )
+        if tree is None:
+            k, v = key[:, :, : before + i + 1], value[:, :, : before + i + 1]
+        else:
+            seen = [before + j for j in range(q_len) if int(tree[i]) >> j & 1]
+            k = torch.cat([key[:, :, :before], key[:, :, seen]], dim=2)
+            v = torch.cat([value[:, :, :before], value[:, :, seen]], dim=2)
+        out, _ = sdpa_attention_forward(module, query[:, :, i : i + 1], k, v, None, **kwargs)
         rows.append(out)  # [1, 1, H, Dh]
     return torch.cat(rows, dim=1), None
 

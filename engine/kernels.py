@@ -12,7 +12,9 @@ When the kernels cannot run, the caller keeps torch's own kernels; nothing else 
 over its own causal prefix and independent of the others (what :mod:`engine.invariant`
 needs), without a Python call per row.
 :func:`decoder_step` runs a whole Llama/Qwen2 decoding step of up to 16 tokens through
-every layer (:class:`DecoderModel`, built by :mod:`engine.lean`) in one call.
+every layer (:class:`DecoderModel`, built by :mod:`engine.lean`) in one call. Both take
+an optional draft tree (:func:`tree_masks`): each row then attends to the cache before
+the step and to its own ancestors among the new rows only.
 
 The shared library is compiled with the system ``c++`` into the user cache folder
 (``~/.cache/anve/kernels``, or ``ANVE_KERNEL_DIR``), named by a hash of the source and
@@ -28,6 +30,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import platformdirs
@@ -40,6 +43,7 @@ FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-s
          "-ffp-contract=off")  # a * b + c rounds twice, as torch's elementwise ops do
 CPU_FLAGS = frozenset({"avx2", "fma", "f16c"})
 GROUP = 32  # activations and q4 weights are grouped by 32 input features
+MAX_TREE = 31  # rows of a draft tree one call attends over (one bit each in an int32)
 _P, _I = ctypes.c_void_p, ctypes.c_int
 
 
@@ -119,9 +123,9 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.anve_linear_parts.argtypes = [_P, _I, _I, _I, ctypes.POINTER(Part)]
     lib.anve_linear_parts.restype = None
     lib.anve_row_attention.argtypes = [_P, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_int64,
-                                       ctypes.c_float]
+                                       ctypes.c_float, _P]
     lib.anve_row_attention.restype = None
-    lib.anve_decoder_step.argtypes = [ctypes.POINTER(DecoderModel), _P, _I, _I, _P, _P]
+    lib.anve_decoder_step.argtypes = [ctypes.POINTER(DecoderModel), _P, _I, _I, _P, _P, _P]
     lib.anve_decoder_step.restype = None
     return lib
 
@@ -203,13 +207,39 @@ def _cache_view(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous()
 
 
+def tree_masks(parents: Sequence[int]) -> torch.Tensor:
+    """Per row of a draft tree, the bits of the rows it sees (its ancestors and itself):
+    ``parents[i]`` is row ``i``'s parent row, ``-1`` for none, always below ``i``.
+
+    Example: ``[-1, 0, 0, 1]`` (rows 1 and 2 children of 0, row 3 of 1) -> ``[1, 3, 5, 11]``.
+    """
+    if len(parents) > MAX_TREE:
+        raise ValueError(f"a tree holds at most {MAX_TREE} rows, not {len(parents)}")
+    masks: list[int] = []
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise ValueError(f"row {i}'s parent must be -1 or an earlier row, not {parent}")
+        masks.append((masks[parent] if parent >= 0 else 0) | 1 << i)
+    return torch.tensor(masks, dtype=torch.int64).to(torch.int32)  # [T], bit patterns
+
+
+def _mask_pointer(tree: torch.Tensor | None, rows: int) -> int | None:
+    if tree is None:
+        return None
+    if tree.dtype != torch.int32 or tree.shape != (rows,) or not tree.is_contiguous():
+        raise ValueError(f"tree masks must be a contiguous int32 [{rows}] tensor")
+    return tree.data_ptr()
+
+
 def row_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  scaling: float) -> torch.Tensor:
+                  scaling: float, tree: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of ``q [1, H, T, Dh]`` (the last ``T`` positions) over the cache
     ``k``, ``v [1, Hkv, L, Dh]``, all float32; returns ``[1, T, H, Dh]``. Row ``t`` sees
-    positions ``0 .. L - T + t``; ``Dh`` must be a multiple of 8."""
+    positions ``0 .. L - T + t``, or with ``tree`` (:func:`tree_masks`) the cache before
+    the ``T`` rows and the rows its mask names; ``Dh`` must be a multiple of 8."""
     lib = _library_or_raise()
     _, h, t, dh = q.shape
+    mask = _mask_pointer(tree, t)
     hkv, length = k.shape[1], k.shape[2]
     q = q.contiguous()
     k, v = _cache_view(k), _cache_view(v)
@@ -217,17 +247,19 @@ def row_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         k, v = k.contiguous(), v.contiguous()
     out = torch.empty(1, t, h, dh, dtype=torch.float32)
     lib.anve_row_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), h, hkv,
-                           t, length, dh, k.stride(1), scaling)
+                           t, length, dh, k.stride(1), scaling, mask)
     return out
 
 
 def decoder_step(model: DecoderModel, x: torch.Tensor, start: int, cos: torch.Tensor,
-                 sin: torch.Tensor) -> None:
+                 sin: torch.Tensor, tree: torch.Tensor | None = None) -> None:
     """Run ``x [1, T, H]`` (float32, contiguous, updated in place) through every layer of
     ``model`` for new positions ``start ..``, given their rotary ``cos``, ``sin [1, T, Dh]``
-    (contiguous); each layer's ``kbuf``/``vbuf`` must have room for ``start + T``."""
+    (contiguous); each layer's ``kbuf``/``vbuf`` must have room for ``start + T``. With
+    ``tree`` (:func:`tree_masks`) the rows are a draft tree's, attending as it says."""
+    mask = _mask_pointer(tree, x.shape[1])
     _library_or_raise().anve_decoder_step(ctypes.byref(model), x.data_ptr(), x.shape[1], start,
-                                          cos.data_ptr(), sin.data_ptr())
+                                          cos.data_ptr(), sin.data_ptr(), mask)
 
 
 def main() -> int:

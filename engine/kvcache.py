@@ -3,11 +3,13 @@
 Contract: :func:`growing_cache` returns a ``DynamicCache`` whose full-attention layers
 keep keys and values in buffers with spare room (capacity doubles when full), so a
 decoding step writes its new positions instead of copying the whole cache, and
-``crop`` only moves the length back. Callers see what ``DynamicCache`` gives: ``keys``
+``crop`` only moves the length back (``keep`` also moves a draft tree's accepted path
+down over the rest). Callers see what ``DynamicCache`` gives: ``keys``
 and ``values`` are ``[B, H, length, Dh]`` (views of the buffers), the same numbers in
 the same layout. Sliding-window layers keep transformers' own class.
 """
 
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -79,6 +81,20 @@ class GrowingLayer(DynamicLayer):
         if tokens_to_remove == 0 or not self.is_initialized or self._key_buf is None:
             return
         self.set_length(max(0, self._length + tokens_to_remove))
+
+    def keep(self, start: int, rows: list[int]) -> None:
+        """Keep, of the positions from ``start`` on, only ``rows`` (ascending offsets from
+        ``start``), moved down to sit contiguously after ``start - 1``: the accepted path
+        of a draft tree. Positions below ``start`` are untouched."""
+        if not self.is_initialized or self._key_buf is None or self._value_buf is None:
+            raise ValueError("keep needs a filled cache layer")
+        if any(b <= a for a, b in pairwise(rows)) or (
+                rows and (rows[0] < 0 or start + rows[-1] >= self._length)):
+            raise ValueError(f"rows must ascend within the {self._length - start} from {start}")
+        picked = torch.tensor(rows, dtype=torch.long) + start
+        for buf in (self._key_buf, self._value_buf):
+            buf[..., start : start + len(rows), :] = buf.index_select(-2, picked)
+        self.set_length(start + len(rows))
 
     def reset(self) -> None:
         self._key_buf = self._value_buf = None

@@ -22,7 +22,7 @@ property speculation rests on holds bit for bit: a k-row step gives each row exa
 what a one-row step gives (tested).
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,9 +104,10 @@ class NativeDecoder:
                         for layer in self.layers for module in (layer.norm1, layer.norm2)]
 
     def __call__(self, x: torch.Tensor, cache: list[GrowingLayer], cos: torch.Tensor,
-                 sin: torch.Tensor) -> torch.Tensor:
+                 sin: torch.Tensor, tree: torch.Tensor | None = None) -> torch.Tensor:
         """``x [1, T, H]`` through every layer, the new keys and values into ``cache``
-        (the KV cache's layers, one per decoder layer)."""
+        (the KV cache's layers, one per decoder layer); ``tree`` masks as
+        :func:`engine.kernels.tree_masks`."""
         if not all(registry.get(name) is tensor for registry, name, tensor in self._watch):
             self._build()
         t = x.shape[1]
@@ -117,7 +118,7 @@ class NativeDecoder:
             struct.kbuf, struct.vbuf = keys.data_ptr(), values.data_ptr()
             struct.head_stride = keys.stride(1)
         x = x.contiguous()  # a fresh tensor (the embedding's output), updated in place
-        kernels.decoder_step(self.model, x, start, cos.contiguous(), sin.contiguous())
+        kernels.decoder_step(self.model, x, start, cos.contiguous(), sin.contiguous(), tree)
         for cache_layer in cache:
             cache_layer.set_length(start + t)
         return x
@@ -161,7 +162,7 @@ class LeanStep:
         self.native = native_decoder(model, self.layers)
 
     def _attention(self, layer: _Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   cache: Cache, index: int) -> torch.Tensor:
+                   cache: Cache, index: int, tree: torch.Tensor | None) -> torch.Tensor:
         t, dh = h.shape[1], layer.attn.head_dim
         if layer.qkv is not None:
             q, k, v = layer.qkv(h)
@@ -173,14 +174,14 @@ class LeanStep:
         c, s = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, T, Dh]
         q, k = (q * c) + (_rotate_half(q) * s), (k * c) + (_rotate_half(k) * s)
         k, v = cache.update(k, v, index)  # [1, Hkv, L, Dh] each
-        out, _ = row_attention(layer.attn, q, k, v, None, dropout=0.0,
+        out, _ = row_attention(layer.attn, q, k, v, None, tree, dropout=0.0,
                                scaling=layer.attn.scaling, sliding_window=None)
         return layer.o.forward(out.reshape(1, t, -1).contiguous())  # [1, T, H * Dh]
 
-    def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Cache
-                ) -> torch.Tensor:
+    def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Cache,
+                tree: torch.Tensor | None) -> torch.Tensor:
         for index, layer in enumerate(self.layers):
-            x = x + self._attention(layer, layer.norm1.forward(x), cos, sin, cache, index)
+            x = x + self._attention(layer, layer.norm1.forward(x), cos, sin, cache, index, tree)
             h = layer.norm2.forward(x)
             if layer.gate_up is not None:
                 gate, up = layer.gate_up(h)
@@ -190,23 +191,37 @@ class LeanStep:
         return x  # [1, T, H]
 
     @torch.inference_mode()
-    def step(self, ids: list[int], cache: Cache, rows: int, keep: bool
-             ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits ``[1, rows, V]`` and, with ``keep``, normed hidden states ``[1, T, H]``."""
+    def step(self, ids: list[int], cache: Cache, rows: int, keep: bool,
+             parents: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits ``[1, rows, V]`` and, with ``keep``, normed hidden states ``[1, T, H]``.
+
+        With ``parents`` (row ``i``'s parent row, ``-1`` for the first) the rows are a draft
+        tree: each sits at the position after its parent's and attends to the cache and its
+        ancestors only, and gets what it would get with them fed before it in sequence.
+        """
         if not 0 < len(ids) <= MAX_ROWS:
             raise ValueError(f"a lean step takes 1..{MAX_ROWS} tokens, not {len(ids)}")
         x = self.embed.forward(torch.tensor([ids], dtype=torch.long))  # [1, T, H]
         start = cache.get_seq_length()
-        positions = torch.arange(len(ids)).unsqueeze(0) + start  # [1, T]
-        cos, sin = self.rotary(x, positions)  # [1, T, Dh] each
+        tree = None if parents is None else kernels.tree_masks(parents)  # [T]
+        depth = torch.arange(len(ids)) if tree is None else _depths(parents or [])
+        cos, sin = self.rotary(x, (depth + start).unsqueeze(0))  # [1, T, Dh] each
         growing = [c for c in cache.layers if isinstance(c, GrowingLayer)]
         if self.native is not None and len(growing) == len(cache.layers):
-            x = self.native(x, growing, cos, sin)
+            x = self.native(x, growing, cos, sin, tree)
         else:
-            x = self._layers(x, cos, sin, cache)
+            x = self._layers(x, cos, sin, cache, tree)
         x = self.norm.forward(x)  # [1, T, H]
         logits = self.lm_head.forward(x[:, -rows:, :])  # [1, rows, V]
         return logits, (x if keep else None)
+
+
+def _depths(parents: Sequence[int]) -> torch.Tensor:
+    """Each tree row's distance from the first row: ``[-1, 0, 0, 1]`` -> ``[0, 1, 1, 2]``."""
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(depths[parent] + 1 if parent >= 0 else 0)
+    return torch.tensor(depths, dtype=torch.long)  # [T]
 
 
 def lean_step(model: Any, lm_head: Any = None) -> LeanStep | None:

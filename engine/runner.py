@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from engine.invariant import MAX_ROWS
-from engine.kvcache import growing_cache
+from engine.kvcache import GrowingLayer, growing_cache
 from engine.lean import lean_step
 
 PREFILL_CHUNK = 512  # tokens per forward when filling the cache with a long prompt
@@ -91,6 +91,43 @@ class ModelRunner:
         if self.hidden is not None and hidden is not None:
             self.hidden = torch.cat([self.hidden, hidden[0]])  # [len(ids), H]
         return logits[0]  # [rows, V]
+
+    @property
+    def verifies_trees(self) -> bool:
+        """Whether :meth:`forward_tree` runs here (a lean step over a growing cache)."""
+        return self.lean is not None and all(
+            isinstance(layer, GrowingLayer) for layer in self.cache.layers)
+
+    @torch.inference_mode()
+    def forward_tree(self, new_ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Append a draft tree's rows (``parents[i]`` row ``i``'s parent, ``-1`` for row 0
+        only, every other parent an earlier row) and return logits ``[T, V]`` of every row,
+        each as a sequential forward of its path from row 0 would give them. The cache
+        then holds all rows; :meth:`keep_path` keeps one path."""
+        ids = [int(t) for t in new_ids]
+        if not self.verifies_trees or self.lean is None:
+            raise ValueError("this model cannot verify a draft tree (no lean step)")
+        if len(parents) != len(ids) or not 0 < len(ids) <= MAX_ROWS or parents[0] != -1 \
+                or any(not 0 <= p < i for i, p in enumerate(parents) if i):
+            raise ValueError(f"bad draft tree: {len(ids)} ids, parents {list(parents)}")
+        logits, hidden = self.lean.step(ids, self.cache, len(ids), self.hidden is not None,
+                                        parents)
+        self.ids.extend(ids)
+        if self.hidden is not None and hidden is not None:
+            self.hidden = torch.cat([self.hidden, hidden[0]])  # [len(ids), H]
+        return logits[0]  # [T, V]
+
+    @torch.inference_mode()
+    def keep_path(self, start: int, rows: Sequence[int]) -> None:
+        """Of the positions from ``start`` on (a tree's rows), keep ``rows`` (ascending),
+        moved down to follow ``start - 1``: cache, ids and kept features alike."""
+        picked = [int(r) for r in rows]
+        for layer in self.cache.layers:
+            assert isinstance(layer, GrowingLayer)
+            layer.keep(start, picked)
+        self.ids[start:] = [self.ids[start + r] for r in picked]
+        if self.hidden is not None:
+            self.hidden = torch.cat([self.hidden[:start], self.hidden[start:][picked]])
 
     def sync(self, ids: Sequence[int]) -> torch.Tensor | None:
         """Make the cache hold exactly ``ids``, reusing the shared prefix.

@@ -1,5 +1,6 @@
 """The growing KV cache holds what transformers' DynamicCache holds, step for step."""
 
+import pytest
 import torch
 from transformers import DynamicCache
 
@@ -48,3 +49,16 @@ def test_a_model_decodes_the_same_logits_on_either_cache() -> None:
         want = model(input_ids=torch.tensor([[9]]), cache=cache,
                      use_cache=True).logits[0, -1]
     assert torch.equal(runner.forward([9])[-1], want)
+
+
+def test_keep_moves_the_kept_rows_down_and_refuses_bad_rows() -> None:
+    layer = GrowingLayer()
+    keys = torch.arange(2 * 6 * 2, dtype=torch.float32).reshape(1, 2, 6, 2)  # [B, H, 6, Dh]
+    layer.update(keys, -keys)
+    layer.keep(2, [0, 2, 3])  # positions 2, 4, 5 follow 0, 1
+    assert torch.equal(layer.keys, keys[:, :, [0, 1, 2, 4, 5]])
+    assert torch.equal(layer.values, -keys[:, :, [0, 1, 2, 4, 5]])
+    for rows in ([1, 0], [0, 3], [-1]):
+        with pytest.raises(ValueError, match="ascend"):
+            layer.keep(2, rows)
+    assert layer.keys.shape[-2] == 5

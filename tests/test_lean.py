@@ -121,3 +121,61 @@ def test_the_native_step_follows_replaced_weights_and_cropped_caches(tmp_path: P
         cache.crop(-2)
         changed, _ = step.step([5, 6], cache, 2, keep=False)
     assert not torch.equal(first, changed)
+
+
+TREE_IDS = [5, 77, 300, 12, 9, 100, 42]  # row 0 the pending token, then a draft tree
+TREE = [-1, 0, 1, 0, 3, 2, 1]  # rows 1, 3 children of 0; 2, 6 of 1; 5 of 2; 4 of 3
+
+
+def path_of(row: int) -> list[int]:
+    """Rows from the tree's first row down to ``row``."""
+    rows = [row]
+    while TREE[rows[0]] >= 0:
+        rows.insert(0, TREE[rows[0]])
+    return rows
+
+
+@pytest.mark.parametrize("native", NATIVE)
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_a_tree_row_gets_what_feeding_its_path_gives_and_keep_path_leaves_that_cache(
+    tmp_path: Path, kind: str, native: bool
+) -> None:
+    model, path = gguf_model(tmp_path, kind)
+    accelerate(model, path, "int4+int8", native=native)
+    tree = ModelRunner(model)
+    assert tree.verifies_trees and tree.lean is not None
+    assert (tree.lean.native is not None) == native
+    tree.keep_hidden(True)
+    tree.sync(PROMPT)
+    logits = tree.forward_tree(TREE_IDS, TREE)  # [T, V]
+    assert logits.shape[0] == len(TREE_IDS) and len(tree) == len(PROMPT) + len(TREE_IDS)
+    for row in range(len(TREE)):
+        rows = path_of(row)
+        plain = ModelRunner(model)
+        plain.keep_hidden(True)
+        plain.sync(PROMPT)
+        expected = plain.forward([TREE_IDS[r] for r in rows], rows=1)[-1]  # [V]
+        assert torch.equal(logits[row], expected), f"row {row}"
+    tree.keep_path(len(PROMPT), path_of(5))  # rows 0, 1, 2, 5
+    assert tree.ids == PROMPT + [TREE_IDS[r] for r in path_of(5)]
+    plain = ModelRunner(model)
+    plain.keep_hidden(True)
+    plain.sync(tree.ids)
+    assert plain.hidden is not None and tree.hidden is not None
+    assert torch.equal(tree.hidden[: len(plain.ids)], plain.hidden)
+    assert torch.equal(tree.forward([8], rows=1), plain.forward([8], rows=1))
+    for a, b in zip(tree.cache.layers, plain.cache.layers, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
+def test_a_bad_tree_is_refused(tmp_path: Path) -> None:
+    model = tiny_model("llama", dtype=torch.float32)
+    accelerate(model, None, "fp32", row_attention=True)
+    runner = ModelRunner(model)
+    runner.sync(PROMPT)
+    for parents in ([0, 0], [-1, 1], [-1, -1], [-1]):
+        with pytest.raises(ValueError, match="tree"):
+            runner.forward_tree([1, 2], parents)
+    assert runner.ids == PROMPT
+    with pytest.raises(ValueError, match="parent"):
+        kernels.tree_masks([-1, 2, 0])

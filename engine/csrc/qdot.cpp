@@ -24,7 +24,10 @@
 // Row attention (anve_row_attention): softmax(q . k^T * scaling) . v in float32 for T
 // query rows, each over its own causal prefix of the cache, one (row, head) pair per
 // task, every sum in a fixed order: a row's output never depends on how many rows came
-// with it, like the linear kernels above.
+// with it, like the linear kernels above. With a draft tree (a mask per row: bit j set
+// where row t sees new row j, its ancestors and itself) a row sees the cache before the
+// step and those rows, and gets bit for bit what a one-row step gets once its ancestors
+// sit contiguously before it (the positions are visited in the same order).
 //
 // Decoder step (anve_decoder_step): a whole Llama/Qwen2 decoding step of T <= 16 new
 // tokens through every layer in one call (RMSNorm, q/k/v, rotary, the KV cache write,
@@ -319,15 +322,26 @@ inline float dot8(const float *a, const float *b, int n) {
     return hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
 }
 
-// out[i0 .. i0 + 8C) = inv * sum_j scores[j] * v[j, i0 ..]: C independent accumulators.
+// The cached positions one query row attends to, in ascending order: the first
+// `prefix` positions, then `picked` more at pick[0 ..] (a draft tree's ancestors).
+struct Seen {
+    int prefix;
+    const int *pick;
+    int picked;
+    int len() const { return prefix + picked; }
+    int64_t at(int j) const { return j < prefix ? j : pick[j - prefix]; }
+};
+
+// out[i0 .. i0 + 8C) = inv * sum_j scores[j] * v[seen j, i0 ..]: C independent accumulators.
 template <int C>
-inline void weighted_sum(const float *scores, const float *v, int len, int Dh, int i0,
+inline void weighted_sum(const float *scores, const float *v, const Seen &seen, int Dh, int i0,
                          float inv, float *out) {
     __m256 acc[C];
     for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+    const int len = seen.len();
     for (int j = 0; j < len; ++j) {
         const __m256 s = _mm256_set1_ps(scores[j]);
-        const float *row = v + (int64_t)j * Dh + i0;
+        const float *row = v + seen.at(j) * Dh + i0;
         for (int c = 0; c < C; ++c)
             acc[c] = _mm256_fmadd_ps(s, _mm256_loadu_ps(row + 8 * c), acc[c]);
     }
@@ -335,12 +349,15 @@ inline void weighted_sum(const float *scores, const float *v, int len, int Dh, i
         _mm256_storeu_ps(out + i0 + 8 * c, _mm256_mul_ps(acc[c], _mm256_set1_ps(inv)));
 }
 
-// One query row of one head: out[Dh] = softmax(q . K[:len]^T * scaling) . V[:len].
-void attend_row(const float *q, const float *k, const float *v, int len, int Dh, float scaling,
-                float *scores, float *out) {
+// One query row of one head: out[Dh] = softmax(q . K[seen]^T * scaling) . V[seen]. The
+// order of every operation depends only on how many positions are seen, so a row that
+// sees its ancestors scattered in the cache gets what it gets with them contiguous.
+void attend_row(const float *q, const float *k, const float *v, const Seen &seen, int Dh,
+                float scaling, float *scores, float *out) {
+    const int len = seen.len();
     float top = -INFINITY;
     for (int j = 0; j < len; ++j) {
-        scores[j] = dot8(q, k + (int64_t)j * Dh, Dh) * scaling;
+        scores[j] = dot8(q, k + seen.at(j) * Dh, Dh) * scaling;
         top = scores[j] > top ? scores[j] : top;
     }
     const __m256 vtop = _mm256_set1_ps(top);
@@ -358,8 +375,8 @@ void attend_row(const float *q, const float *k, const float *v, int len, int Dh,
     }
     const float inv = 1.0f / total;
     int i = 0;
-    for (; i + 64 <= Dh; i += 64) weighted_sum<8>(scores, v, len, Dh, i, inv, out);
-    for (; i < Dh; i += 8) weighted_sum<1>(scores, v, len, Dh, i, inv, out);
+    for (; i + 64 <= Dh; i += 64) weighted_sum<8>(scores, v, seen, Dh, i, inv, out);
+    for (; i < Dh; i += 8) weighted_sum<1>(scores, v, seen, Dh, i, inv, out);
 }
 
 // --- elementwise pieces of a decoder layer (one row at a time, fixed order) ----------
@@ -451,7 +468,7 @@ struct Scratch {
 
 extern "C" {
 
-int anve_qdot_version(void) { return 7; }
+int anve_qdot_version(void) { return 8; }
 
 // One linear layer of a call: its weight form, N, weight arrays (in the order of the
 // forms above), optional bias [N] and output y [M, N].
@@ -527,18 +544,27 @@ void anve_linear_parts(const float *x, int M, int K, int n_parts, const Part *pa
 
 // out[T, H, Dh] = attention of q[H, T, Dh] over the cache k, v [Hkv, >= L, Dh] (head h
 // starts at h * head_stride floats; positions Dh apart): query row t sees positions
-// 0 .. L - T + t. H a multiple of Hkv (grouped heads), Dh a multiple of 8.
+// 0 .. L - T + t, or with tree (T <= 32 masks) 0 .. L - T - 1 and L - T + j for each bit
+// j of tree[t]. H a multiple of Hkv (grouped heads), Dh a multiple of 8.
 void anve_row_attention(const float *q, const float *k, const float *v, float *out, int H,
-                        int Hkv, int T, int L, int Dh, int64_t head_stride, float scaling) {
+                        int Hkv, int T, int L, int Dh, int64_t head_stride, float scaling,
+                        const uint32_t *tree) {
     const int group = H / Hkv;
 #pragma omp parallel
     {
         float *scores = (float *)malloc(sizeof(float) * (size_t)L);
+        int pick[32];
 #pragma omp for schedule(static)
         for (int task = 0; task < T * H; ++task) {
             const int t = task / H, h = task % H, kv = h / group;
+            Seen seen = {L - T + t + 1, pick, 0};
+            if (tree) {  // the cache before this step, then the new rows row t sees
+                seen.prefix = L - T;
+                for (int j = 0; j < T; ++j)
+                    if (tree[t] >> j & 1u) pick[seen.picked++] = L - T + j;
+            }
             attend_row(q + ((int64_t)h * T + t) * Dh, k + kv * head_stride, v + kv * head_stride,
-                       L - T + t + 1, Dh, scaling, scores, out + ((int64_t)t * H + h) * Dh);
+                       seen, Dh, scaling, scores, out + ((int64_t)t * H + h) * Dh);
         }
         free(scores);
     }
@@ -562,11 +588,12 @@ struct DecoderModel {
 };
 
 // x[T, hidden] (in place) through every layer for new positions start .. start + T - 1,
-// their rotary cos, sin [T, Dh] given; each layer's cache must hold room for start + T
-// positions and gets the new keys and values written there. hidden, H * Dh and inter are
+// their rotary cos, sin [T, Dh] given (a tree row's at its depth); each layer's cache must
+// hold room for start + T positions and gets the new keys and values written there (row
+// t at start + t); tree as for anve_row_attention, or NULL for causal rows. hidden, H * Dh and inter are
 // multiples of 256 (q4k/q6k) or 32 (q4/q8) as their parts need, Dh a multiple of 8.
 void anve_decoder_step(const DecoderModel *m, float *x, int T, int start, const float *cos,
-                       const float *sin) {
+                       const float *sin, const uint32_t *tree) {
     const int hd = m->heads * m->head_dim, kvd = m->kv_heads * m->head_dim, Dh = m->head_dim;
     const int64_t sizes[] = {m->hidden, hd, kvd, kvd, hd, hd, m->hidden, m->inter, m->inter};
     int64_t total = 0;
@@ -595,7 +622,7 @@ void anve_decoder_step(const DecoderModel *m, float *x, int T, int start, const 
             }
         }
         anve_row_attention(qr, L.kbuf, L.vbuf, att, m->heads, m->kv_heads, T, start + T, Dh,
-                           L.head_stride, m->scaling);
+                           L.head_stride, m->scaling, tree);
         Part op = L.o;
         op.y = o;
         anve_linear_parts(att, T, hd, 1, &op);
