@@ -114,3 +114,80 @@ def _reference_inverse_cdf(dist: torch.Tensor, u: float) -> int:
         if running > target:
             return token
     return int(dist.shape[0]) - 1
+
+
+def tree_accept(
+    p: torch.Tensor | None,
+    target_argmax: torch.Tensor | None,
+    q: torch.Tensor | None,
+    draft: list[int],
+    parents: list[int],
+    u: list[float],
+    u_next: float,
+) -> tuple[list[int], int]:
+    """Verify a draft tree: walk down from the root, one accepted child per level.
+
+    Row 0 is the root (the pending token); draft node ``i`` is row ``i + 1`` with token
+    ``draft[i]`` and parent row ``parents[i] + 1`` (``parents[i] == -1``: the root).
+    Greedy (``target_argmax [N+1]``): follow the child whose token is the target's
+    argmax. Sampling (``p [N+1, V]``): a node's children, in row order, are tried as
+    candidates drawn without replacement from their shared draft distribution
+    (``q [N, V]`` per node, ``None``: each child one-hot): child ``j`` is accepted with
+    probability ``min(1, p_j(x) / q_j(x))``, where ``q_j`` is ``q`` without the earlier
+    children's tokens (renormalised) and ``p_j`` the residual left by the earlier
+    rejections, ``normalise(max(0, p_(j-1) - q_(j-1)))``; if all are rejected the
+    token is drawn from the last residual (Jeon et al. 2024, recursive rejection
+    sampling). Each step is Leviathan's rule with draft ``q_j``, so the emitted tokens
+    have the target's distribution. A chain reduces to :func:`speculative_accept`.
+
+    Returns the accepted draft nodes (indices into ``draft``, root to leaf) and the next
+    token (the target's own at the first level with no accepted child).
+    """
+    children: list[list[int]] = [[] for _ in range(len(draft) + 1)]  # by parent row
+    for i, parent in enumerate(parents):
+        children[parent + 1].append(i)
+    path: list[int] = []
+    row = 0
+    while True:
+        if target_argmax is not None:
+            best = int(target_argmax[row])
+            hit = next((i for i in children[row] if draft[i] == best), None)
+            if hit is None:
+                return path, best
+        else:
+            assert p is not None
+            hit, residual = _accept_child(p[row], q, draft, children[row], u)
+            if hit is None:
+                return path, _reference_inverse_cdf(residual, u_next)
+        path.append(hit)
+        row = hit + 1
+
+
+def _accept_child(
+    p_row: torch.Tensor, q: torch.Tensor | None, draft: list[int], nodes: list[int],
+    u: list[float],
+) -> tuple[int | None, torch.Tensor]:
+    """One level of :func:`tree_accept`: the accepted child, or ``None`` and the residual
+    (unnormalised) to draw the next token from."""
+    dist, mass = p_row, 1.0  # the target's row is a distribution; residuals are not
+    left = None if q is None or not nodes else q[nodes[0]].to(p_row.dtype)  # [V]
+    for i in nodes:
+        x = draft[i]
+        if left is None:
+            q_j = torch.zeros_like(dist)
+            q_j[x] = 1.0
+        else:
+            q_j = left
+        if u[i] * float(q_j[x]) * mass < float(dist[x]):
+            return i, dist
+        residual = (dist / mass - q_j).clamp(min=0)
+        if float(residual.sum()) <= EPS:  # p == q: rejection had probability zero
+            return None, dist
+        dist, mass = residual, float(residual.sum())
+        if left is not None:
+            left = left.clone()
+            left[x] = 0.0  # the next child was drawn without this one
+            if float(left.sum()) <= EPS:
+                return None, dist
+            left = left / left.sum()
+    return None, dist

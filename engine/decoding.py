@@ -10,6 +10,11 @@ the caller streams, measures or stops by closing the generator.
 Cache invariant: before a pass the target's cache holds ``context[:-1]``; the last
 context token is fed at the start of the pass.
 
+A draft may be a tree (``Draft.parents``, from drafters that branch where the runner
+verifies trees): the pass then feeds every branch at once with a tree attention mask
+(:meth:`ModelRunner.forward_tree`), accepts one path (:func:`verify_tree`) and keeps
+only that path's cache entries (:meth:`ModelRunner.keep_path`).
+
 A drafter with ``wants_hidden = True`` (EAGLE heads) gets the target's features of
 ``context[:-1]`` (``[len(context) - 1, H]``, kept by the runner during the verification
 passes: no extra target forward) through ``observe_hidden`` before each ``propose``.
@@ -22,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.acceptance import greedy_accept, speculative_accept
+from engine.acceptance import greedy_accept, speculative_accept, tree_accept
 from engine.drafters import EMPTY_DRAFT, Draft, Drafter
 from engine.policy import DraftPolicy
 from engine.protocol import SpeculationStats
@@ -67,6 +72,25 @@ def verify(
         q64 = None if q is None else q.double()
         n, nxt = speculative_accept(p.double(), q64, tokens, u, u_next)
     return int(n[0]), int(nxt[0])
+
+
+def verify_tree(
+    logits: torch.Tensor, draft: Draft, params: SamplingParams, generator: torch.Generator
+) -> tuple[list[int], int]:
+    """Accept one path of the tree ``draft`` against target ``logits`` ``[N+1, V]`` (row 0
+    after the pending token, row ``i + 1`` after draft node ``i``).
+
+    Returns the accepted nodes (indices into ``draft.tokens``) and the next token.
+    """
+    assert draft.parents is not None
+    tokens, parents = list(draft.tokens), list(draft.parents)
+    if params.greedy:
+        return tree_accept(None, logits.argmax(-1), None, tokens, parents, [], 0.0)
+    p = probabilities(logits, params).double()  # [N+1, V]
+    q = None if draft.probs is None else draft.probs.double()  # [N, V]
+    u = torch.rand(len(tokens), generator=generator, dtype=torch.float64).tolist()
+    u_next = float(torch.rand(1, generator=generator, dtype=torch.float64))
+    return tree_accept(p, None, q, tokens, parents, u, u_next)
 
 
 def make_generator(seed: int | None) -> torch.Generator:
@@ -132,16 +156,26 @@ def decode(
             if wants_hidden:
                 drafter.observe_hidden(target.hidden)  # type: ignore[attr-defined]
             draft = drafter.propose(context, k, params, generator)
+            if draft.parents is not None and not target.verifies_trees:
+                draft = draft.main_chain()
         t1 = time.perf_counter()
-        logits = target.forward([context[-1], *draft.tokens], rows=len(draft) + 1)  # [G+1, V]
-        n, nxt = verify(logits, draft, params, generator)
-        target.truncate(len(context) + n)
+        if draft.parents is None:
+            logits = target.forward([context[-1], *draft.tokens], rows=len(draft) + 1)  # [G+1, V]
+            n, nxt = verify(logits, draft, params, generator)
+            target.truncate(len(context) + n)
+            kept = list(draft.tokens[:n])
+        else:
+            logits = target.forward_tree([context[-1], *draft.tokens],
+                                         [-1, *(p + 1 for p in draft.parents)])  # [N+1, V]
+            path, nxt = verify_tree(logits, draft, params, generator)
+            target.keep_path(len(context) - 1, [0, *(i + 1 for i in path)])
+            n, kept = len(path), [draft.tokens[i] for i in path]
         t2 = time.perf_counter()
         if drafter is not None and len(draft):
             drafter.observe(context, len(draft), n)
-        if policy is not None:
-            policy.update(len(draft), n, t1 - t0, t2 - t1)
-        tokens, flags = [*draft.tokens[:n], nxt], [True] * n + [False]
+        if policy is not None:  # a tree's depth is what its acceptance is measured on
+            policy.update(draft.depth, n, t1 - t0, t2 - t1)
+        tokens, flags = [*kept, nxt], [True] * n + [False]
         finish = None
         for i, token in enumerate(tokens):
             if token in stop_ids:

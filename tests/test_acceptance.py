@@ -9,6 +9,7 @@ from engine.acceptance import (
     inverse_cdf,
     speculative_accept,
     speculative_accept_reference,
+    tree_accept,
 )
 from tests.stats import matches
 
@@ -138,3 +139,58 @@ def test_vectorised_rule_equals_the_reference_loop(case: tuple) -> None:  # type
         torch.tensor([u_next], dtype=torch.float64),
     )
     assert (int(n[0]), int(nxt[0])) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(_cases())
+def test_a_chain_shaped_tree_is_verified_as_the_chain(case: tuple) -> None:  # type: ignore[type-arg]
+    p, q, draft, u, u_next = case
+    path, nxt = tree_accept(p, None, q, draft, list(range(-1, len(draft) - 1)), u, u_next)
+    assert path == list(range(len(path)))
+    assert (len(path), nxt) == speculative_accept_reference(p, q, draft, u, u_next)
+
+
+def test_greedy_tree_follows_the_target_argmax_down_any_branch() -> None:
+    draft, parents = [5, 8, 7, 2, 3], [-1, -1, 0, 1, 1]  # 5 and 8 under the root; 7 under 5
+    assert tree_accept(None, torch.tensor([8, 7, 3, 0, 1, 9]), None, draft, parents,
+                       [], 0.0) == ([1, 4], 9)
+    assert tree_accept(None, torch.tensor([5, 7, 3, 0, 1, 9]), None, draft, parents,
+                       [], 0.0) == ([0, 2], 0)
+    assert tree_accept(None, torch.tensor([6, 7]), None, draft, parents, [], 0.0) == ([], 6)
+
+
+TREE_DRAWS = 30_000
+TREE_PARENTS = [-1, -1, 0]  # two candidates for the first token; one child under the first
+
+
+def _tree_emissions(q: torch.Tensor | None, seed: int) -> tuple[torch.Tensor, ...]:
+    """Sample trees (siblings without replacement from Q[0], the grandchild from Q[1]),
+    verify each against P's rows; count the first emitted token, and the second after
+    each of the two first-level candidates."""
+    g = torch.Generator().manual_seed(seed)
+    first, after_a, after_b = (torch.zeros(V, dtype=torch.long) for _ in range(3))
+    for _ in range(TREE_DRAWS):
+        if q is None:
+            draft, probs = [2, 4, 0], None
+        else:
+            a, b = torch.multinomial(q[0], 2, replacement=False, generator=g).tolist()
+            draft = [a, b, int(torch.multinomial(q[1], 1, generator=g))]
+            probs = torch.stack([q[0], q[0], q[1]])
+        u = torch.rand(3, generator=g, dtype=torch.float64).tolist()
+        u_next = float(torch.rand(1, generator=g, dtype=torch.float64))
+        path, nxt = tree_accept(P, None, probs, draft, TREE_PARENTS, u, u_next)
+        emitted = [draft[i] for i in path] + [nxt]
+        first[emitted[0]] += 1
+        if path[:1] == [0]:
+            after_a[emitted[1]] += 1
+        elif path[:1] == [1]:
+            after_b[emitted[1]] += 1
+    return first, after_a, after_b
+
+
+def test_tree_sampling_reproduces_the_target_distribution() -> None:
+    for q, seed in ((Q, 4), (None, 5)):
+        first, after_a, after_b = _tree_emissions(q, seed)
+        assert matches(first, P[0])
+        assert matches(after_a, P[1])  # row 1: after the first candidate
+        assert matches(after_b, P[2])  # row 2: after the second (no children: its residual)

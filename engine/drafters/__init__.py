@@ -5,7 +5,9 @@ Every drafter implements :class:`Drafter`:
 * ``propose(context, k, params, generator)`` returns up to ``k`` tokens that might
   follow ``context`` (all ids so far: prompt plus answer), with the distributions
   ``q`` they were sampled from, or ``probs=None`` when the drafter is deterministic
-  (n-gram and suffix lookup: ``q`` is one-hot at the proposed token).
+  (n-gram and suffix lookup: ``q`` is one-hot at the proposed token). A drafter may
+  return a tree of alternatives (``Draft.parents``) when the runner verifies trees;
+  the decoding loop then checks every branch in the same single target pass.
 * ``observe(context, proposed, accepted)`` tells the drafter how many of its last
   proposals the target kept, for drafters that adapt.
 * Optionally, ``wants_hidden = True`` and ``observe_hidden(features)``: the decoding
@@ -29,13 +31,42 @@ from engine.sampling import SamplingParams
 
 @dataclass(frozen=True)
 class Draft:
-    """Proposed tokens ``[G]`` and their draft distributions ``[G, V]`` (or ``None``)."""
+    """Proposed tokens ``[G]`` and their draft distributions ``[G, V]`` (or ``None``).
+
+    A chain by default; with ``parents`` a tree: ``parents[i]`` is the index of token
+    ``i``'s parent in ``tokens`` (always lower), ``-1`` under the pending token. Siblings
+    are alternatives in order: in sampling, each drawn from the ``probs`` row they share
+    without the earlier ones (see :func:`engine.acceptance.tree_accept`).
+    """
 
     tokens: tuple[int, ...]
     probs: torch.Tensor | None = None
+    parents: tuple[int, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def main_chain(self) -> "Draft":
+        """The tree's first branch at every level (its chain) as a chain draft."""
+        if self.parents is None:
+            return self
+        keep, at = [], -1
+        while (child := next((i for i, p in enumerate(self.parents) if p == at), None)) \
+                is not None:
+            keep.append(child)
+            at = child
+        probs = None if self.probs is None else self.probs[keep]
+        return Draft(tuple(self.tokens[i] for i in keep), probs)
+
+    @property
+    def depth(self) -> int:
+        """Tokens on the longest path (the length for a chain)."""
+        if self.parents is None:
+            return len(self.tokens)
+        depths: list[int] = []
+        for parent in self.parents:
+            depths.append(depths[parent] + 1 if parent >= 0 else 1)
+        return max(depths, default=0)
 
 
 EMPTY_DRAFT = Draft(())

@@ -7,7 +7,9 @@ sampling processing as the target, returning their distributions ``q``. Drafting
 stops early after a token the draft itself gave less than ``min_confidence``
 (its probability), since the guesses after it would most likely be rejected. Its
 decoding steps compute logits only for the frequent ids and the end tokens
-(:mod:`engine.drafters.vocab`): cheaper steps, the same lossless acceptance.
+(:mod:`engine.drafters.vocab`): cheaper steps, the same lossless acceptance. With
+``branches`` the chain gets up to that many alternatives as leaves beside it
+(:mod:`engine.drafters.tree`), for runners that verify trees.
 """
 
 from collections.abc import Sequence
@@ -15,10 +17,11 @@ from collections.abc import Sequence
 import torch
 
 from engine.drafters import EMPTY_DRAFT, Draft
+from engine.drafters.tree import Level, branch, choose
 from engine.drafters.vocab import DRAFT_VOCAB, short_head
 from engine.models import LoadedModel
 from engine.runner import ModelRunner
-from engine.sampling import SamplingParams, probabilities, sample
+from engine.sampling import SamplingParams
 
 
 def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -37,7 +40,7 @@ class DraftModelDrafter:
 
     def __init__(
         self, draft: LoadedModel, target_vocab_size: int, min_confidence: float = 0.3,
-        draft_vocab: int = DRAFT_VOCAB,
+        draft_vocab: int = DRAFT_VOCAB, branches: int = 0, min_branch: float = 0.1,
     ) -> None:
         self.loaded = draft
         # decoding steps read the draft's lm_head only for frequent ids and end tokens
@@ -45,6 +48,7 @@ class DraftModelDrafter:
         self.runner = ModelRunner(draft.model, head)
         self.vocab_size = target_vocab_size
         self.min_confidence = min_confidence
+        self.branches, self.min_branch = branches, min_branch  # tree drafting (tree.py)
 
     def prefill(self, context: Sequence[int]) -> None:
         """Cache ``context[:-1]`` (its last token is fed by the first ``propose``)."""
@@ -61,24 +65,15 @@ class DraftModelDrafter:
         self.runner.truncate(min(self.runner.common_prefix(context), len(context) - 1))
         logits = self.runner.sync(context)
         assert logits is not None
-        tokens: list[int] = []
-        qs: list[torch.Tensor] = []
+        levels: list[Level] = []
         for i in range(k):
             row = fit_vocab(logits, self.vocab_size)  # [V]
-            if params.greedy:
-                confidence, best = row.float().softmax(-1).max(-1)
-                token = int(best)
-            else:
-                q = probabilities(row, params)  # [V]
-                token = int(sample(q, generator))
-                confidence = q[token]
-                qs.append(q)
-            tokens.append(token)
-            if float(confidence) < self.min_confidence:
+            levels.append(choose(row, params, generator, self.branches and 1))
+            if levels[-1].confidence < self.min_confidence:
                 break  # later guesses would most likely be rejected
             if i + 1 < k:
-                logits = self.runner.forward([token])[-1]
-        return Draft(tuple(tokens), torch.stack(qs) if qs else None)
+                logits = self.runner.forward([levels[-1].token])[-1]
+        return branch(levels, self.branches, self.min_branch)
 
     def observe(self, context: Sequence[int], proposed: int, accepted: int) -> None:
         del context, proposed, accepted  # the cache is re-synced by prefix on the next call

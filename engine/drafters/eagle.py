@@ -10,7 +10,9 @@ its own predicted features, and finally crops those draft entries away again (th
 replaced by the target's real features after verification). Greedy drafts are the
 argmax (``probs=None``); sampled drafts return the distributions ``q`` they came from,
 processed like the target's, so acceptance stays lossless. Drafting stops early after
-a token the head gave less than ``min_confidence``.
+a token the head gave less than ``min_confidence``. With ``branches`` the chain gets up
+to that many alternative tokens as leaves beside it (:mod:`engine.drafters.tree`), for
+runners that verify trees.
 
 Drafting cost: the head's linear layers run as per-channel int8 on our kernels where
 they run (:func:`quantize_head`), and the target's ``lm_head`` is read only for the
@@ -29,13 +31,14 @@ import torch
 from torch import nn
 
 from engine.drafters import EMPTY_DRAFT, Draft
+from engine.drafters.tree import Level, branch, choose
 from engine.drafters.vocab import DRAFT_VOCAB, short_head
 from engine.errors import EngineError
 from engine.fastlinear import Q8Linear, native_fits
 from engine.heads.files import find_head, load_head
 from engine.heads.model import EagleHead
 from engine.models import LoadedModel
-from engine.sampling import SamplingParams, probabilities, sample
+from engine.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +50,14 @@ class EagleDrafter:
     wants_hidden = True
 
     def __init__(self, head: EagleHead, target: Any, min_confidence: float = 0.3,
-                 draft_vocab: int = DRAFT_VOCAB, keep_ids: Sequence[int] = ()) -> None:
+                 draft_vocab: int = DRAFT_VOCAB, keep_ids: Sequence[int] = (),
+                 branches: int = 0, min_branch: float = 0.1) -> None:
         self.head = head.eval()
         # called as a module, never read: the frequent ids and keep_ids (end tokens)
         self.lm_head = short_head(target.get_output_embeddings(), keep_ids, draft_vocab)
         self.embed = target.get_input_embeddings()
         self.min_confidence = min_confidence
+        self.branches, self.min_branch = branches, min_branch  # tree drafting (tree.py)
         self.features: torch.Tensor | None = None  # [len(context) - 1, H] from the target
         self.cache = head.new_cache()
         self.covered: list[int] = []  # context prefix behind the cached entries (entries + 1)
@@ -114,30 +119,21 @@ class EagleDrafter:
         self._crop(keep)
         feature = self._step(features[keep:real], context[keep + 1 : real + 1])  # [1, H]
         self.covered = list(context)
-        tokens, qs = self._draft(feature, k, params, generator)
+        draft = self._draft(feature, k, params, generator)
         self._crop(real)
-        return Draft(tuple(tokens), torch.stack(qs) if qs else None)
+        return draft
 
     def _draft(
         self, feature: torch.Tensor, k: int, params: SamplingParams, generator: torch.Generator
-    ) -> tuple[list[int], list[torch.Tensor]]:
-        tokens: list[int] = []
-        qs: list[torch.Tensor] = []
+    ) -> Draft:
+        levels: list[Level] = []
         for i in range(k):
             logits = self.lm_head(feature)[0]  # [V]
-            if params.greedy:
-                confidence, best = logits.float().softmax(-1).max(-1)
-                token = int(best)
-            else:
-                q = probabilities(logits, params)  # [V]
-                token = int(sample(q, generator))
-                confidence = q[token]
-                qs.append(q)
-            tokens.append(token)
-            if float(confidence) < self.min_confidence or i + 1 == k:
+            levels.append(choose(logits, params, generator, self.branches and 1))
+            if levels[-1].confidence < self.min_confidence or i + 1 == k:
                 break
-            feature = self._step(feature, [token])  # [1, H]
-        return tokens, qs
+            feature = self._step(feature, [levels[-1].token])  # [1, H]
+        return branch(levels, self.branches, self.min_branch)
 
 
 def quantize_head(head: EagleHead) -> EagleHead:

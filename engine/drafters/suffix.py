@@ -8,7 +8,9 @@ in that corpus and in the current context. From those places it walks forward,
 taking at each step the token that most of them continue with, while the fraction of
 places that agree along the path (its empirical probability) stays at least
 ``min_prob``. Repeated phrasing across conversations is drafted this way. Drafts are
-deterministic, so ``q`` is one-hot (``probs=None``).
+deterministic, so ``q`` is one-hot (``probs=None``). With ``branches`` the runner-up
+continuations become leaves beside the path (:mod:`engine.drafters.tree`), their
+chance the share of places that continue that way.
 """
 
 from collections import Counter, defaultdict
@@ -19,6 +21,7 @@ import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
 from engine.drafters import EMPTY_DRAFT, Draft
+from engine.drafters.tree import Level, branch
 from engine.sampling import SamplingParams
 
 SEPARATOR = -1  # between documents in the corpus; never a token id
@@ -100,7 +103,15 @@ def frequent_path(
     Each candidate is ``(sequence, position)``: the continuation starts at position.
     The walk stops when the path's empirical probability falls below ``min_prob``.
     """
-    path: list[int] = []
+    return [level.token for level in frequent_levels(candidates, k, min_prob)]
+
+
+def frequent_levels(
+    candidates: list[tuple[np.ndarray, int]], k: int, min_prob: float, alternatives: int = 0
+) -> list[Level]:
+    """:func:`frequent_path` with, at each step, the share of the places that agree
+    (``confidence``) and up to ``alternatives`` runner-up continuations with theirs."""
+    levels: list[Level] = []
     prob = 1.0
     alive = candidates
     for step in range(k):
@@ -110,13 +121,15 @@ def frequent_path(
         counts = Counter(t for t in nexts if t != SEPARATOR)
         if not counts:
             break
-        token, count = counts.most_common(1)[0]
+        ranked = counts.most_common(1 + alternatives)
+        token, count = ranked[0]
         prob *= count / len(alive)
         if prob < min_prob:
             break
-        path.append(token)
+        levels.append(Level(token, count / len(alive), None,
+                            [(t, c / len(alive)) for t, c in ranked[1:]]))
         alive = [c for c, t in zip(alive, nexts, strict=True) if t == token]
-    return path
+    return levels
 
 
 class SuffixDrafter:
@@ -132,9 +145,12 @@ class SuffixDrafter:
         min_prob: float = 0.1,
         key_len: int = 2,
         max_candidates: int = 256,
+        branches: int = 0,
+        min_branch: float = 0.1,
     ) -> None:
         self.index = SuffixIndex(key_len)
         self.max_depth, self.min_prob, self.max_candidates = max_depth, min_prob, max_candidates
+        self.branches, self.min_branch = branches, min_branch  # tree drafting (tree.py)
         for doc in corpus:
             self.index.add(doc)
 
@@ -172,8 +188,8 @@ class SuffixDrafter:
             return EMPTY_DRAFT
         best = max(length for length, _, _ in scored)
         candidates = [(seq, end) for length, seq, end in scored if length == best]
-        tokens = frequent_path(candidates, k, self.min_prob)
-        return Draft(tuple(tokens)) if tokens else EMPTY_DRAFT
+        levels = frequent_levels(candidates, k, self.min_prob, self.branches and 1)
+        return branch(levels, self.branches, self.min_branch) if levels else EMPTY_DRAFT
 
     def observe(self, context: Sequence[int], proposed: int, accepted: int) -> None:
         del context, proposed, accepted

@@ -1,0 +1,152 @@
+"""Draft trees: branching drafters, one-pass tree verification, lossless either way."""
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.accelerate import accelerate
+from engine.decoding import decode
+from engine.drafters import Draft
+from engine.drafters.draft_model import DraftModelDrafter
+from engine.drafters.eagle import EagleDrafter
+from engine.drafters.tree import Level, branch, choose
+from engine.runner import ModelRunner
+from engine.sampling import SamplingParams
+from tests.stats import matches
+from tests.test_decoding import _exact_two_token_distribution, loaded, prompts, run
+from tests.test_eagle import random_head
+from tests.test_fastlinear import NATIVE, gguf_model
+from tests.tiny import tiny_model
+
+GREEDY = SamplingParams()
+
+
+def test_choose_offers_the_next_likeliest_tokens_when_greedy() -> None:
+    logits = torch.tensor([0.0, 3.0, 1.0, 2.0])
+    level = choose(logits, GREEDY, torch.Generator(), alternatives=2)
+    assert level.token == 1 and [t for t, _ in level.alternatives] == [3, 2]
+    probs = logits.softmax(-1)
+    assert level.confidence == pytest.approx(float(probs[1]))
+    assert level.alternatives[0][1] == pytest.approx(float(probs[3]))
+
+
+def test_choose_draws_alternatives_without_replacement_when_sampling() -> None:
+    params = SamplingParams(temperature=1.0)
+    for seed in range(20):
+        level = choose(torch.tensor([0.0, 0.0, 5.0]), params, torch.Generator().manual_seed(seed),
+                       alternatives=3)
+        drawn = [level.token, *(t for t, _ in level.alternatives)]
+        assert sorted(drawn) == [0, 1, 2] and level.q is not None  # all three, once each
+
+
+def test_branch_keeps_the_chain_and_adds_the_likeliest_alternatives_as_leaves() -> None:
+    levels = [Level(5, 0.6, None, [(7, 0.3)]), Level(6, 0.9, None, [(8, 0.05)]),
+              Level(9, 0.5, None, [(4, 0.4)])]
+    draft = branch(levels, budget=2, min_chance=0.1)
+    # chances: 7 -> 0.3, 8 -> 0.6 * 0.05 = 0.03 (too low), 4 -> 0.6 * 0.9 * 0.4 = 0.216
+    assert draft.tokens == (5, 6, 9, 7, 4)
+    assert draft.parents == (-1, 0, 1, -1, 1)
+    assert draft.depth == 3 and draft.main_chain().tokens == (5, 6, 9)
+    assert branch(levels, budget=1, min_chance=0.1).tokens == (5, 6, 9, 7)
+    assert branch(levels, budget=0, min_chance=0.0) == Draft((5, 6, 9))
+
+
+class TreeOnce:
+    """Proposes one given tree on its first call, then nothing."""
+
+    name = "tree"
+
+    def __init__(self, tokens: Sequence[int], parents: Sequence[int]) -> None:
+        self.draft: Draft | None = Draft(tuple(tokens), None, tuple(parents))
+
+    def propose(self, context, k, params, generator):  # type: ignore[no-untyped-def]
+        out, self.draft = self.draft, None
+        return out or Draft(())
+
+    def observe(self, context, proposed, accepted):  # type: ignore[no-untyped-def]
+        pass
+
+
+def accelerated(tmp_path: Path, kind: str, native: bool) -> torch.nn.Module:
+    model, path = gguf_model(tmp_path, kind)
+    accelerate(model, path, "int4+int8", native=native)
+    return model
+
+
+@pytest.mark.parametrize("native", NATIVE)
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_the_right_branch_of_a_tree_is_accepted_and_the_answer_is_unchanged(
+    tmp_path: Path, kind: str, native: bool
+) -> None:
+    target = accelerated(tmp_path, kind, native)
+    prompt = [3, 17, 42, 99, 7]
+    plain = run(target, prompt, n=12)
+    wrong = (plain[0] + 1) % 320
+    # the chain's first guess is wrong; its sibling is right and so is that one's child
+    drafter = TreeOnce([wrong, plain[0], plain[1], wrong], [-1, -1, 1, 1])
+    runner = ModelRunner(target)
+    assert runner.verifies_trees
+    steps = list(decode(runner, prompt, params=GREEDY, max_new_tokens=12, max_context=128,
+                        drafter=drafter, num_draft_tokens=4))
+    assert steps[0].tokens == tuple(plain[:3]) and steps[0].accepted == 2
+    assert [t for s in steps for t in s.tokens] == plain
+
+
+@pytest.mark.parametrize("native", NATIVE)
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_greedy_tree_drafting_equals_greedy_plain(tmp_path: Path, kind: str, native: bool
+                                                  ) -> None:
+    target = accelerated(tmp_path, kind, native)
+    vocab = int(target.config.vocab_size)
+    draft = tiny_model(kind, vocab_size=vocab, seed=2, scale=4.0, dtype=torch.float32)
+    drafters = [
+        DraftModelDrafter(loaded(draft), vocab, min_confidence=0.0, branches=3, min_branch=0.0),
+        EagleDrafter(random_head(target), target, min_confidence=0.0, branches=3,
+                     min_branch=0.0),
+    ]
+    for i, prompt in enumerate(prompts(3, vocab, seed=5)):
+        plain = run(target, prompt, n=12)
+        for drafter in drafters:
+            steps = list(decode(ModelRunner(target), prompt, params=GREEDY, max_new_tokens=12,
+                                max_context=128, drafter=drafter, num_draft_tokens=2 + i))
+            assert [t for s in steps for t in s.tokens] == plain, (drafter.name, i)
+            assert max(s.drafted for s in steps) > 2 + i  # the trees had branches
+
+
+def test_a_runner_without_tree_verification_gets_the_chain() -> None:
+    vocab = 64
+    target = tiny_model("llama", vocab_size=vocab, seed=1, scale=4.0)  # no lean step
+    assert not ModelRunner(target).verifies_trees
+    other = tiny_model("llama", vocab_size=vocab, seed=2, scale=4.0)
+    drafter = DraftModelDrafter(loaded(other), vocab, branches=3, min_branch=0.0)
+    for prompt in prompts(3, vocab, seed=7):
+        assert run(target, prompt, drafter, k=3, n=12) == run(target, prompt, n=12)
+
+
+def test_tree_sampling_matches_plain_sampling_end_to_end() -> None:
+    vocab = 6
+    target = tiny_model("llama", vocab_size=vocab, seed=11, scale=2.0, dtype=torch.float32)
+    accelerate(target, None, "fp32", row_attention=True)
+    draft = tiny_model("llama", vocab_size=vocab, seed=12, scale=2.0, dtype=torch.float32)
+    prompt = [1, 2, 3]
+    exact = _exact_two_token_distribution(target, prompt)
+    runner = ModelRunner(target)
+    assert runner.verifies_trees
+    drafters = [
+        DraftModelDrafter(loaded(draft), vocab, min_confidence=0.0, branches=2, min_branch=0.0),
+        EagleDrafter(random_head(target, seed=12), target, min_confidence=0.0, branches=2,
+                     min_branch=0.0),
+    ]
+    for drafter in drafters:
+        counts, branched = torch.zeros(vocab * vocab), 0
+        for seed in range(1000):
+            params = SamplingParams(temperature=1.0, seed=seed)
+            steps = list(decode(runner, prompt, params=params, max_new_tokens=3,
+                                max_context=64, drafter=drafter, num_draft_tokens=2))
+            t1, t2 = [t for s in steps for t in s.tokens][:2]
+            counts[t1 * vocab + t2] += 1
+            branched += steps[0].drafted > 2
+        assert branched > 500, drafter.name
+        assert matches(counts, exact), drafter.name
