@@ -5,14 +5,17 @@
 document, free chat; chat template applied, greedy, up to 128 new tokens):
 
 * plain decoding (our loop, no drafter) — the baseline every speedup is against;
-* each of our drafters with a fixed draft length and with the adaptive policy;
+* each of our drafters with a fixed draft length and with the adaptive policy, and the
+  draft model and EAGLE head drafting small trees (their chain plus likely
+  alternatives, :mod:`engine.drafters.tree`) verified in one pass;
 * transformers' ``generate(assistant_model=...)`` and ``generate(prompt_lookup_num_tokens=...)``;
 * when ``llama-cpp-python`` is installed, llama.cpp on the same GGUF file (plain, and
   its prompt-lookup drafting), with our token ids as its prompt.
 
 Columns: tokens/s (completion tokens / wall time including the prompt), speedup over
-our plain decoding, acceptance rate, mean tokens per target pass, whether the token
-ids equal plain decoding's, and peak RSS. Also the verification cost ``t(k)/t(1)``
+our plain decoding, the same two after each answer's first token (generation alone,
+as llama.cpp reports its "eval" rate), acceptance rate, mean tokens per target pass,
+whether the token ids equal plain decoding's, and peak RSS. Also the verification cost ``t(k)/t(1)``
 of a target forward over ``k`` tokens with a warm cache, and the memory-bandwidth
 ceiling (copy bandwidth / bytes of weights read per token). ``--quick`` uses the
 light profile and four prompts. Results go to a JSON file and a Markdown table.
@@ -71,6 +74,12 @@ class Run:
     drafted: int | None = None
     accepted: int | None = None
     auto_off: int = 0
+    first_s: float | None = None  # seconds to the first new token (prompt included)
+
+    @property
+    def generation_s(self) -> float:
+        """Seconds after the first new token: what the remaining tokens took."""
+        return self.seconds - (self.first_s if self.first_s is not None else self.seconds)
 
 
 @dataclass
@@ -132,7 +141,7 @@ def run_ours(engine: ChatEngine, ids: list[int], kind: str, method: str, k: Draf
     assert isinstance(done, Completion)
     s = done.stats
     return Run(kind, list(done.token_ids), s.total_s, s.passes, s.drafted, s.accepted,
-               s.auto_off_passes)
+               s.auto_off_passes, s.time_to_first_token_s)
 
 
 def run_transformers(engine: ChatEngine, ids: list[int], kind: str, mode: str,
@@ -146,21 +155,39 @@ def run_transformers(engine: ChatEngine, ids: list[int], kind: str, mode: str,
         else {"prompt_lookup_num_tokens": k}
     )
     x = torch.tensor([ids])
-    start = time.perf_counter()
+    first = FirstTokenClock()
     try:
         with torch.inference_mode():
             out = model.generate(
                 x, attention_mask=torch.ones_like(x), max_new_tokens=max_tokens, do_sample=False,
                 eos_token_id=sorted(engine.target.eos_ids),
-                pad_token_id=engine.target.tokenizer.pad_token_id or 0, **extra,
+                pad_token_id=engine.target.tokenizer.pad_token_id or 0, streamer=first, **extra,
             )
     finally:
         hook.remove()
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - first.start
     tokens = [int(t) for t in out[0, len(ids):]]
     while tokens and tokens[-1] in engine.target.eos_ids:
         tokens.pop()
-    return Run(kind, tokens, seconds, passes=calls[0])
+    return Run(kind, tokens, seconds, passes=calls[0], first_s=first.first_s)
+
+
+class FirstTokenClock:
+    """A ``generate(streamer=...)`` that notes when the first new token arrives (the
+    streamer gets the prompt first, then the new tokens)."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.calls = 0
+        self.first_s: float | None = None
+
+    def put(self, value: torch.Tensor) -> None:
+        self.calls += 1
+        if self.calls == 2:
+            self.first_s = time.perf_counter() - self.start
+
+    def end(self) -> None:
+        pass
 
 
 def run_llama_cpp(llm: Any, ids: list[int], kind: str, eos_ids: frozenset[int],
@@ -168,13 +195,15 @@ def run_llama_cpp(llm: Any, ids: list[int], kind: str, eos_ids: frozenset[int],
     """llama.cpp's own greedy generation (``temp=0``) on our prompt's token ids."""
     tokens: list[int] = []
     start = time.perf_counter()
+    first_s = None
     for token in llm.generate(ids, temp=0.0, top_k=1, repeat_penalty=1.0, reset=True):
+        first_s = time.perf_counter() - start if first_s is None else first_s
         if token in eos_ids:
             break
         tokens.append(int(token))
         if len(tokens) >= max_tokens:
             break
-    return Run(kind, tokens, time.perf_counter() - start)
+    return Run(kind, tokens, time.perf_counter() - start, first_s=first_s)
 
 
 def llama_cpp_specs(engine: ChatEngine, k: int, max_tokens: int) -> list["RowSpec"]:
@@ -273,6 +302,7 @@ def summarise(rows: list[Row], kinds: tuple[str, ...]) -> list[dict[str, Any]]:
                 continue
             tps = sum(len(r.tokens) for r in runs) / sum(r.seconds for r in runs)
             base_tps = sum(len(r.tokens) for r in base) / sum(r.seconds for r in base)
+            gen, base_gen = generation_rate(runs), generation_rate(base)
             drafted = sum(r.drafted or 0 for r in runs)
             accepted = sum(r.accepted or 0 for r in runs)
             passes = sum(r.passes or 0 for r in runs)
@@ -280,6 +310,8 @@ def summarise(rows: list[Row], kinds: tuple[str, ...]) -> list[dict[str, Any]]:
             own = ref is row and row is not rows[0]  # nothing to compare with
             table.append({
                 "row": row.name, "kind": kind, "tokens_per_s": tps, "speedup": tps / base_tps,
+                "generation_tokens_per_s": gen,
+                "generation_speedup": gen / base_gen if gen and base_gen else None,
                 "acceptance_rate": accepted / drafted if drafted else None,
                 "tokens_per_pass": sum(len(r.tokens) for r in runs) / passes if passes else None,
                 "identical": None if own else f"{same}/{len(runs)}",
@@ -287,6 +319,14 @@ def summarise(rows: list[Row], kinds: tuple[str, ...]) -> list[dict[str, Any]]:
                 "auto_off_passes": sum(r.auto_off for r in runs),
             })
     return table
+
+
+def generation_rate(runs: list[Run]) -> float | None:
+    """Tokens per second after each answer's first token (llama.cpp's "eval" rate): what
+    speculation speeds up, without the prompt's processing that every row pays alike."""
+    timed = [r for r in runs if r.first_s is not None and len(r.tokens) > 1]
+    seconds = sum(r.generation_s for r in timed)
+    return sum(len(r.tokens) - 1 for r in timed) / seconds if timed and seconds > 0 else None
 
 
 def fmt(value: Any, spec: str) -> str:
@@ -300,23 +340,32 @@ def markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         + f" · {meta['prompts']} prompts · ≤{meta['max_tokens']} new tokens · greedy"
         + f" · linear layers {meta['accel']}",
         "",
-        "| row | tok/s | speedup | acceptance | tokens/pass | identical¹ | peak RSS |",
-        "| --- | ---: | ---: | ---: | ---: | :---: | ---: |",
+        "| row | tok/s | speedup | generation tok/s² | speedup² | acceptance | tokens/pass "
+        "| identical¹ | peak RSS |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | :---: | ---: |",
     ]
     for r in (r for r in summary if r["kind"] == "overall"):
         lines.append(
             f"| {r['row']} | {r['tokens_per_s']:.2f} | {r['speedup']:.2f}× | "
+            f"{fmt(r['generation_tokens_per_s'], '.2f')} | "
+            f"{fmt(r['generation_speedup'], '.2f')}{'×' if r['generation_speedup'] else ''} | "
             f"{fmt(r['acceptance_rate'], '.0%')} | {fmt(r['tokens_per_pass'], '.2f')} | "
             f"{fmt(r['identical'], '')} | {r['peak_rss_gb']:.1f} GB |"
         )
     kinds = [k for k in KINDS if any(r["kind"] == k for r in summary)]
     lines += ["", "¹ answers with the same token ids as plain decoding on the same engine "
-              f"(our plain for our rows and transformers', {LLAMA_CPP} plain for {LLAMA_CPP}'s)."]
-    lines += ["", "Speedup over plain by prompt kind:", "",
-              "| row | " + " | ".join(kinds) + " |", "| --- |" + " ---: |" * len(kinds)]
-    for name in dict.fromkeys(r["row"] for r in summary):
-        cells = [next(r for r in summary if r["row"] == name and r["kind"] == k) for k in kinds]
-        lines.append(f"| {name} | " + " | ".join(f"{c['speedup']:.2f}×" for c in cells) + " |")
+              f"(our plain for our rows and transformers', {LLAMA_CPP} plain for {LLAMA_CPP}'s).",
+              "² after each answer's first token: the prompt's processing (the same for every "
+              "row of an engine) left out."]
+    for title, key in (("Speedup over plain by prompt kind", "speedup"),
+                       ("Generation speedup² by prompt kind", "generation_speedup")):
+        lines += ["", f"{title}:", "",
+                  "| row | " + " | ".join(kinds) + " |", "| --- |" + " ---: |" * len(kinds)]
+        for name in dict.fromkeys(r["row"] for r in summary):
+            cells = [next(r for r in summary if r["row"] == name and r["kind"] == k)[key]
+                     for k in kinds]
+            lines.append(f"| {name} | " + " | ".join(
+                f"{fmt(c, '.2f')}{'×' if c else ''}" for c in cells) + " |")
     costs = meta["verify_cost_s"]
     lines += ["", "Verification cost t(k)/t(1) of one target forward (warm cache): "
               + ", ".join(f"k={k}: {costs[k] / costs[1]:.2f}" for k in costs)
@@ -345,8 +394,13 @@ def stock_spec(target: str, data_dir: str | None, max_tokens: int) -> RowSpec:
 def row_specs(engine: ChatEngine, k: int, max_tokens: int) -> list[RowSpec]:
     """The rows to run, first the plain baseline; only methods the models allow."""
 
-    def ours(method: str, length: DraftLength) -> Callable[[ChatEngine, list[int], str], Run]:
-        return lambda e, ids, kind: run_ours(e, ids, kind, method, length, max_tokens)
+    def ours(method: str, length: DraftLength, branches: int = 0
+             ) -> Callable[[ChatEngine, list[int], str], Run]:
+        def run(e: ChatEngine, ids: list[int], kind: str) -> Run:
+            with branching(e.drafters.get(method), branches):
+                return run_ours(e, ids, kind, method, length, max_tokens)
+
+        return run
 
     def peer(mode: str) -> Callable[[ChatEngine, list[int], str], Run]:
         return lambda e, ids, kind: run_transformers(e, ids, kind, mode, max_tokens, k)
@@ -356,10 +410,30 @@ def row_specs(engine: ChatEngine, k: int, max_tokens: int) -> list[RowSpec]:
         if method in engine.methods:
             specs += [(f"{method} k={k}", ours(method, k)),
                       (f"{method} adaptive", ours(method, ADAPTIVE))]
+        if method in ("draft", "eagle") and method in engine.methods \
+                and engine.runner.verifies_trees:
+            specs.append((f"{method} tree k={k}", ours(method, k, TREE_BRANCHES)))
     if engine.draft is not None:
         specs.append(("transformers assisted (draft model)", peer("assisted")))
     specs.append(("transformers prompt lookup", peer("lookup")))
     return specs + llama_cpp_specs(engine, k, max_tokens)
+
+
+TREE_BRANCHES = 2  # alternatives a tree row's drafter adds beside its chain
+
+
+@contextmanager
+def branching(drafter: Any, branches: int) -> Iterator[None]:
+    """Let ``drafter`` draft trees with ``branches`` alternatives for one run."""
+    if not branches:
+        yield
+        return
+    before = drafter.branches
+    drafter.branches = branches
+    try:
+        yield
+    finally:
+        drafter.branches = before
 
 
 def rotation(rows: int, prompt: int) -> list[int]:

@@ -1,9 +1,10 @@
 """The benchmark's pure parts and one tiny end-to-end run (no timing assertions)."""
 
+import pytest
 import torch
 
 from engine import bench
-from engine.accelerate import model_bytes
+from engine.accelerate import accelerate, model_bytes
 from engine.bench import KINDS, PROMPTS, Row, Run
 from engine.fastlinear import Int8Linear
 from engine.session import ChatEngine
@@ -33,6 +34,21 @@ def test_summary_is_total_tokens_over_total_time_per_kind_and_overall() -> None:
     assert overall["identical"] == "1/2"  # the free-chat answer differs from plain
     assert table[("ngram", "free chat")]["acceptance_rate"] is None
     assert table[("plain", "overall")]["tokens_per_pass"] is None
+    assert overall["generation_tokens_per_s"] is None  # no first-token times: no such column
+
+
+def test_generation_rate_leaves_out_the_time_to_the_first_token() -> None:
+    plain = Row("plain", [Run("code editing", [1, 2, 3, 4], 2.0, first_s=0.5),
+                          Run("free chat", [5, 6], 2.0, first_s=1.0),
+                          Run("free chat", [7], 1.5, first_s=1.5)])
+    spec = Row("ngram", [Run("code editing", [1, 2, 3, 4], 1.0, first_s=0.5),
+                         Run("free chat", [5, 6], 2.0, first_s=1.0),
+                         Run("free chat", [7], 1.0, first_s=1.0)])  # one token: no rate
+    table = {(r["row"], r["kind"]): r for r in bench.summarise([plain, spec], KINDS)}
+    assert table[("plain", "overall")]["generation_tokens_per_s"] == 4 / 2.5
+    assert table[("ngram", "code editing")]["generation_tokens_per_s"] == 3 / 0.5
+    assert table[("ngram", "overall")]["generation_speedup"] == (4 / 1.5) / (4 / 2.5)
+    assert table[("ngram", "free chat")]["generation_speedup"] == 1.0
 
 
 def test_markdown_reports_rows_kinds_costs_and_ceiling() -> None:
@@ -42,7 +58,8 @@ def test_markdown_reports_rows_kinds_costs_and_ceiling() -> None:
             "verify_cost_s": {1: 0.1, 4: 0.13}, "copy_gb_s": 10.0, "weight_gb": 1.0,
             "ceiling_tps": 10.0, "plain_pct_of_ceiling": 20.0}
     text = bench.markdown(bench.summarise(rows, KINDS), meta)
-    assert "| plain (ours) | 2.00 | 1.00× |" in text
+    assert "| plain (ours) | 2.00 | 1.00× | – | – |" in text  # no first-token time given
+    assert "Generation speedup² by prompt kind" in text
     assert "k=4: 1.30" in text and "(t(1) = 100 ms)" in text
     assert "linear layers int4+int8" in text and "20 %" in text
 
@@ -75,6 +92,7 @@ def test_tiny_run_fills_every_row_and_greedy_rows_match_plain() -> None:
         for run, base in zip(row.runs, plain, strict=True):
             assert run.tokens == base.tokens, row.name
             assert run.seconds > 0 and run.passes
+            assert run.first_s is not None and 0 < run.first_s <= run.seconds, row.name
     draft = next(r for r in rows if r.name == "draft k=2")
     assert sum(r.accepted or 0 for r in draft.runs) > 0  # the draft is the target itself
 
@@ -117,3 +135,22 @@ def test_rows_rotate_per_prompt_and_keep_their_own_suffix_corpus() -> None:
     # warm-ups, then prompt 0 in order a, b and prompt 1 in order b, a; each row's corpus
     # holds only its own earlier answers
     assert seen == [("a", 0), ("b", 0), ("a", 0), ("b", 0), ("b", 1), ("a", 1)]
+
+
+def test_tree_rows_run_where_the_target_verifies_trees(monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tiny_loaded(seed=1, scale=8.0, dtype=torch.float32)
+    accelerate(target.model, None, "fp32", row_attention=True)
+    engine = ChatEngine(target, tiny_loaded(seed=2, scale=8.0, dtype=torch.float32))
+    assert engine.runner.verifies_trees
+    monkeypatch.setattr(engine.drafters["draft"], "min_branch", 0.0)
+    trees = []
+    verify = engine.runner.forward_tree
+    monkeypatch.setattr(engine.runner, "forward_tree",
+                        lambda ids, parents: trees.append(parents) or verify(ids, parents))
+    wanted = ("plain (ours)", "draft tree k=2")
+    specs = [s for s in bench.row_specs(engine, 2, 10) if s[0] in wanted]
+    assert len(specs) == 2
+    rows = bench.run_rows(engine, specs, [{"kind": "free chat", "prompt": "hello there"}])
+    assert rows[1].runs[0].tokens == rows[0].runs[0].tokens
+    assert trees and all(len(t) > 2 for t in trees)  # it verified trees with branches
+    assert engine.drafters["draft"].branches == 0  # only that row branched
