@@ -181,6 +181,13 @@ def gguf_model(tmp_path: Path, kind: str = "llama") -> tuple[nn.Module, Path]:
     return model, write_gguf(tmp_path / f"{kind}.gguf", kind, tensors)
 
 
+def accelerated(tmp_path: Path, kind: str, native: bool) -> nn.Module:
+    """:func:`gguf_model` on the int4+int8 layers (our kernels where ``native``)."""
+    model, path = gguf_model(tmp_path, kind)
+    accelerate(model, path, "int4+int8", native=native)
+    return model
+
+
 @pytest.mark.parametrize("native", NATIVE)
 @pytest.mark.parametrize("mode", ["int4", "int4+int8"])
 def test_int4_mode_runs_the_gguf_codes_close_to_the_dense_model(

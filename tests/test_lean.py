@@ -12,7 +12,7 @@ from engine.accelerate import accelerate
 from engine.kvcache import growing_cache
 from engine.lean import LeanStep, lean_step
 from engine.runner import ModelRunner
-from tests.test_fastlinear import NATIVE, gguf_model
+from tests.test_fastlinear import NATIVE, accelerated, gguf_model
 from tests.tiny import tiny_model
 
 
@@ -140,8 +140,7 @@ def path_of(row: int) -> list[int]:
 def test_a_tree_row_gets_what_feeding_its_path_gives_and_keep_path_leaves_that_cache(
     tmp_path: Path, kind: str, native: bool
 ) -> None:
-    model, path = gguf_model(tmp_path, kind)
-    accelerate(model, path, "int4+int8", native=native)
+    model = accelerated(tmp_path, kind, native)
     tree = ModelRunner(model)
     assert tree.verifies_trees and tree.lean is not None
     assert (tree.lean.native is not None) == native

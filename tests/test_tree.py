@@ -17,7 +17,7 @@ from engine.sampling import SamplingParams
 from tests.stats import matches
 from tests.test_decoding import _exact_two_token_distribution, loaded, prompts, run
 from tests.test_eagle import random_head
-from tests.test_fastlinear import NATIVE, gguf_model
+from tests.test_fastlinear import NATIVE, accelerated
 from tests.tiny import tiny_model
 
 GREEDY = SamplingParams()
@@ -67,12 +67,6 @@ class TreeOnce:
 
     def observe(self, context, proposed, accepted):  # type: ignore[no-untyped-def]
         pass
-
-
-def accelerated(tmp_path: Path, kind: str, native: bool) -> torch.nn.Module:
-    model, path = gguf_model(tmp_path, kind)
-    accelerate(model, path, "int4+int8", native=native)
-    return model
 
 
 @pytest.mark.parametrize("native", NATIVE)
