@@ -32,3 +32,22 @@ def test_light_model_greedy_eagle_equals_plain(light_engine) -> None:  # type: i
         assert eagle.token_ids == plain.token_ids, prompt
         accepted += eagle.stats.accepted
     assert accepted > 0
+
+
+@pytest.mark.model
+def test_light_model_greedy_eagle_trees_equal_plain(light_engine, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    assert light_engine.runner.verifies_trees  # the int4 kernels' lean step
+    monkeypatch.setattr(light_engine.drafters["eagle"], "branches", 3)
+    trees = []
+    verify = light_engine.runner.forward_tree
+    monkeypatch.setattr(light_engine.runner, "forward_tree",
+                        lambda ids, parents: trees.append(parents) or verify(ids, parents))
+    for prompt in PROMPTS:
+        messages = [{"role": "user", "content": prompt}]
+        plain, tree = (
+            list(light_engine.generate(messages, SamplingParams(), max_tokens=40, method=m,
+                                       num_draft_tokens=3))[-1]
+            for m in ("off", "eagle")
+        )
+        assert tree.token_ids == plain.token_ids, prompt
+    assert trees  # some passes verified a tree with alternatives
