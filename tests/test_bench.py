@@ -154,3 +154,11 @@ def test_tree_rows_run_where_the_target_verifies_trees(monkeypatch: pytest.Monke
     assert rows[1].runs[0].tokens == rows[0].runs[0].tokens
     assert trees and all(len(t) > 2 for t in trees)  # it verified trees with branches
     assert engine.drafters["draft"].branches == 0  # only that row branched
+
+
+def test_verification_costs_time_every_size_and_leave_the_engine_cache_alone() -> None:
+    engine = ChatEngine(tiny_loaded(seed=1), None)
+    engine.runner.sync([5, 6, 7])
+    costs = bench.verification_costs(engine, ks=(1, 2, 4), reps=3)
+    assert sorted(costs) == [1, 2, 4] and all(c > 0 for c in costs.values())
+    assert engine.runner.ids == [5, 6, 7]
