@@ -29,6 +29,7 @@ import torch
 
 from engine.acceptance import greedy_accept, speculative_accept, tree_accept
 from engine.drafters import EMPTY_DRAFT, Draft, Drafter
+from engine.invariant import MAX_ROWS
 from engine.policy import DraftPolicy
 from engine.protocol import SpeculationStats
 from engine.runner import ModelRunner
@@ -156,8 +157,9 @@ def decode(
             if wants_hidden:
                 drafter.observe_hidden(target.hidden)  # type: ignore[attr-defined]
             draft = drafter.propose(context, k, params, generator)
-            if draft.parents is not None and not target.verifies_trees:
-                draft = draft.main_chain()
+            if draft.parents is not None and not (
+                    target.verifies_trees and len(draft) < MAX_ROWS):
+                draft = draft.main_chain()  # no tree attention here, or too many rows
         t1 = time.perf_counter()
         if draft.parents is None:
             logits = target.forward([context[-1], *draft.tokens], rows=len(draft) + 1)  # [G+1, V]

@@ -109,6 +109,21 @@ def test_greedy_tree_drafting_equals_greedy_plain(tmp_path: Path, kind: str, nat
             assert max(s.drafted for s in steps) > 2 + i  # the trees had branches
 
 
+@pytest.mark.parametrize("native", NATIVE)
+def test_a_tree_too_big_for_one_lean_step_is_verified_as_its_chain(tmp_path: Path, native: bool
+                                                                    ) -> None:
+    target = accelerated(tmp_path, "qwen2", native)
+    prompt = [3, 17, 42, 99, 7]
+    plain = run(target, prompt, n=8)
+    chain = plain[:3]
+    tokens = [*chain, *range(40, 53)]  # 16 nodes: 3 on the chain, 13 leaves under the root
+    drafter = TreeOnce(tokens, [-1, 0, 1, *[-1] * 13])
+    steps = list(decode(ModelRunner(target), prompt, params=GREEDY, max_new_tokens=8,
+                        max_context=128, drafter=drafter, num_draft_tokens=4))
+    assert steps[0].drafted == 3 and steps[0].accepted == 3  # the chain alone was verified
+    assert [t for s in steps for t in s.tokens] == plain
+
+
 def test_a_runner_without_tree_verification_gets_the_chain() -> None:
     vocab = 64
     target = tiny_model("llama", vocab_size=vocab, seed=1, scale=4.0)  # no lean step
