@@ -153,7 +153,21 @@ void q4_rows(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *sc
         for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
         const uint8_t *wrow = codes + (int64_t)n * G * (GROUP / 2);
         const uint16_t *srow = scale + (int64_t)n * G;
-        for (int g = 0; g < G; ++g) {
+        int g = 0;
+        for (; g + 8 <= G; g += 8) {  // each row's 8 group scales times the weights' at once
+            alignas(32) float both[M][8];
+            const __m256 s8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(srow + g)));
+            for (int m = 0; m < M; ++m)
+                _mm256_store_ps(both[m], _mm256_mul_ps(s8, _mm256_loadu_ps(xq.scale + (int64_t)m * G + g)));
+            for (int j = 0; j < 8; ++j) {
+                const __m256i w = unpack_q4(wrow + (g + j) * (GROUP / 2));
+                for (int m = 0; m < M; ++m) {
+                    const __m256 d = dot_group(w, xq.codes + ((int64_t)m * G + g + j) * GROUP);
+                    acc[m] = _mm256_fmadd_ps(d, _mm256_broadcast_ss(&both[m][j]), acc[m]);
+                }
+            }
+        }
+        for (; g < G; ++g) {
             const __m256i w = unpack_q4(wrow + g * (GROUP / 2));
             const float s = _cvtsh_ss(srow[g]);
             for (int m = 0; m < M; ++m) {
