@@ -220,7 +220,16 @@ def tree_masks(parents: Sequence[int]) -> torch.Tensor:
         if not -1 <= parent < i:
             raise ValueError(f"row {i}'s parent must be -1 or an earlier row, not {parent}")
         masks.append((masks[parent] if parent >= 0 else 0) | 1 << i)
-    return torch.tensor(masks, dtype=torch.int64).to(torch.int32)  # [T], bit patterns
+    return torch.tensor(masks, dtype=torch.int32)  # [T], bit patterns (bit 30 at most)
+
+
+def tree_depths(parents: Sequence[int]) -> list[int]:
+    """Each row's distance from a row without parent (as :func:`tree_masks`, parents
+    first): ``[-1, 0, 0, 1]`` -> ``[0, 1, 1, 2]``."""
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(depths[parent] + 1 if parent >= 0 else 0)
+    return depths
 
 
 def _mask_pointer(tree: torch.Tensor | None, rows: int) -> int | None:

@@ -203,9 +203,10 @@ class LeanStep:
             raise ValueError(f"a lean step takes 1..{MAX_ROWS} tokens, not {len(ids)}")
         x = self.embed.forward(torch.tensor([ids], dtype=torch.long))  # [1, T, H]
         start = cache.get_seq_length()
-        tree = None if parents is None else kernels.tree_masks(parents)  # [T]
-        depth = torch.arange(len(ids)) if tree is None else _depths(parents or [])
-        cos, sin = self.rotary(x, (depth + start).unsqueeze(0))  # [1, T, Dh] each
+        tree, depth = None, list(range(len(ids)))  # depth: each row's place after the cache
+        if parents is not None:
+            tree, depth = kernels.tree_masks(parents), kernels.tree_depths(parents)  # [T] each
+        cos, sin = self.rotary(x, torch.tensor([depth]) + start)  # [1, T, Dh] each
         growing = [c for c in cache.layers if isinstance(c, GrowingLayer)]
         if self.native is not None and len(growing) == len(cache.layers):
             x = self.native(x, growing, cos, sin, tree)
@@ -214,14 +215,6 @@ class LeanStep:
         x = self.norm.forward(x)  # [1, T, H]
         logits = self.lm_head.forward(x[:, -rows:, :])  # [1, rows, V]
         return logits, (x if keep else None)
-
-
-def _depths(parents: Sequence[int]) -> torch.Tensor:
-    """Each tree row's distance from the first row: ``[-1, 0, 0, 1]`` -> ``[0, 1, 1, 2]``."""
-    depths: list[int] = []
-    for parent in parents:
-        depths.append(depths[parent] + 1 if parent >= 0 else 0)
-    return torch.tensor(depths, dtype=torch.long)  # [T]
 
 
 def lean_step(model: Any, lm_head: Any = None) -> LeanStep | None:

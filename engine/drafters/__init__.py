@@ -26,6 +26,7 @@ from typing import Protocol
 
 import torch
 
+from engine.kernels import tree_depths
 from engine.sampling import SamplingParams
 
 
@@ -63,10 +64,7 @@ class Draft:
         """Tokens on the longest path (the length for a chain)."""
         if self.parents is None:
             return len(self.tokens)
-        depths: list[int] = []
-        for parent in self.parents:
-            depths.append(depths[parent] + 1 if parent >= 0 else 1)
-        return max(depths, default=0)
+        return max(tree_depths(self.parents), default=-1) + 1
 
 
 EMPTY_DRAFT = Draft(())
