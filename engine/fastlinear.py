@@ -267,14 +267,27 @@ class Q4Linear(NativeLinear):
         return w.flatten(1)
 
 
+def pack_pairs(q: torch.Tensor) -> torch.Tensor:
+    """Codes ``[N, K]`` (0..15) -> the q4k layout ``[N, K / 2]``: per 64 inputs, byte j
+    holds element j in its low nibble and element 32 + j in its high one (Q4_K's own)."""
+    pairs = q.to(torch.uint8).unflatten(-1, (-1, 2, GROUP))  # [N, K/64, 2, 32]
+    return (pairs[..., 0, :] | (pairs[..., 1, :] << 4)).flatten(1)
+
+
+def unpack_pairs(codes: torch.Tensor) -> torch.Tensor:
+    """The q4k layout ``[N, K / 2]`` -> codes ``[N, K / 32, 32]`` in input order."""
+    blocks = codes.unflatten(-1, (-1, GROUP))  # [N, K/64, 32]
+    return torch.stack([blocks & 0x0F, blocks >> 4], dim=2).flatten(1, 2)
+
+
 class Q4KLinear(NativeLinear):
     """A Q4_K tensor in its own integer form (exactly the GGUF's weights), on our kernel."""
 
     FORM = "q4k"
     BUFFERS = ("codes", "sc", "mn", "d", "dmin")
-    codes: torch.Tensor  # [N, K / 2] uint8, as Q4Linear's
-    sc: torch.Tensor  # [N, K / 32] int16, 6-bit scales
-    mn: torch.Tensor  # [N, K / 32] int16, 6-bit mins
+    codes: torch.Tensor  # [N, K / 2] uint8, pairs of 32-groups (pack_pairs)
+    sc: torch.Tensor  # [N, K / 32] uint8, 6-bit scales
+    mn: torch.Tensor  # [N, K / 32] uint8, 6-bit mins
     d: torch.Tensor  # [N, K / 256] float32
     dmin: torch.Tensor  # [N, K / 256] float32
     bias: torch.Tensor | None  # [N] float32
@@ -291,9 +304,13 @@ class Q4KLinear(NativeLinear):
         if g.superblocks is None:
             raise ValueError("Q4KLinear needs a Q4_K tensor's super-block factors")
         b = g.superblocks
-        codes = Q4Linear.from_groups(g).codes
-        return cls(codes, b.sc.contiguous(), b.mn.contiguous(), b.d.float().contiguous(),
+        return cls(pack_pairs(g.q).contiguous(), b.sc.to(torch.uint8).contiguous(),
+                   b.mn.to(torch.uint8).contiguous(), b.d.float().contiguous(),
                    b.dmin.float().contiguous(), _float_bias(bias))
+
+    def unpacked(self) -> torch.Tensor:
+        """The codes ``[N, K / 32, 32]`` (uint8, 0..15) in input order."""
+        return unpack_pairs(self.codes)
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight ``[N, K]``, computed as gguf-py does (for tests)."""
@@ -301,7 +318,7 @@ class Q4KLinear(NativeLinear):
         d = self.d.repeat_interleave(groups, dim=1)  # [N, G]
         dmin = self.dmin.repeat_interleave(groups, dim=1)
         scale, offset = d * self.sc.float(), -(dmin * self.mn.float())  # [N, G]
-        q = unpack_codes(self.codes).float()  # [N, G, 32]
+        q = self.unpacked().float()  # [N, G, 32]
         return (q * scale.unsqueeze(-1) + offset.unsqueeze(-1)).flatten(1)
 
 

@@ -17,7 +17,8 @@ from engine.fastlinear import (
     Q6KLinear,
     Q8Linear,
     fused,
-    unpack_codes,
+    pack_pairs,
+    unpack_pairs,
 )
 from engine.quant import GroupQuant, Q6Blocks, decode_int4, decode_q6_k
 from tests.test_quant import q4_k_blocks, q6_k_blocks
@@ -124,6 +125,16 @@ def test_q4_linear_from_groups_packs_nibbles_in_group_halves() -> None:
     assert torch.equal(layer.dequantized(), q.float())
 
 
+def test_q4k_codes_pack_pairs_of_groups_as_the_gguf_does() -> None:
+    torch.manual_seed(5)
+    q = torch.randint(0, 16, (3, 256), dtype=torch.uint8)
+    codes = pack_pairs(q)  # [3, 128]
+    assert codes.shape == (3, 128)
+    assert all(int(codes[1, 64 + j]) == int(q[1, 128 + j]) | int(q[1, 160 + j]) << 4
+               for j in range(32))
+    assert torch.equal(unpack_pairs(codes).flatten(1), q)
+
+
 def test_a_failed_build_falls_back_with_a_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -181,7 +192,7 @@ def q4k_reference(x: torch.Tensor, layer: Q4KLinear) -> torch.Tensor:
     dx = g.abs().amax(-1) / 127.0  # [M, S]
     inv = torch.where(dx > 0, 1.0 / dx, torch.zeros_like(dx))
     codes = torch.round(g * inv.unsqueeze(-1)).double().unflatten(-1, (8, GROUP))  # [M,S,8,32]
-    q = unpack_codes(layer.codes).double().unflatten(1, (-1, 8))  # [N, S, 8, 32]
+    q = layer.unpacked().double().unflatten(1, (-1, 8))  # [N, S, 8, 32]
     sc = layer.sc.double().unflatten(1, (-1, 8))  # [N, S, 8]
     mn = layer.mn.double().unflatten(1, (-1, 8))
     dots = torch.einsum("msjk,nsjk->mnsj", codes, q)  # [M, N, S, 8] exact

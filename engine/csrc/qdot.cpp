@@ -11,8 +11,10 @@
 //   q4: 4-bit codes 0..15, 16 bytes per group of 32 (byte j: element j in the low
 //       nibble, element 16 + j in the high one), and per group a float16 scale and
 //       float16 offset (two [N, K / 32] arrays): w = code * scale + offset.
-//   q4k: Q4_K's own form, the same 4-bit code layout, and per 256 inputs float32 d and
-//       dmin, per 32 a 6-bit scale sc and min mn (int16 each): w = d*sc*code - dmin*mn.
+//   q4k: Q4_K's own form: 4-bit codes, 32 bytes per pair of 32-groups (byte j: element
+//       j of the first group in the low nibble, element j of the second in the high one,
+//       as the GGUF stores them), per 256 inputs float32 d and dmin, per 32 a 6-bit
+//       scale sc and min mn (uint8 each): w = d*sc*code - dmin*mn.
 //       Its activations are rounded per 256 inputs instead (as llama.cpp's Q8_K), so
 //       the 32-groups of a super-block sum in integers: fewer instructions per row.
 //   q6k: Q6_K's own form, its codes as int8 (-32..31, one byte each: unpacking 6-bit
@@ -208,12 +210,33 @@ void quantize_rows_256(const float *x, int M, int K, QuantRows256 q) {
 }
 
 struct Q4KWeights {
-    const uint8_t *codes;  // [N, K / 2]
-    const int16_t *sc;     // [N, K / 32]
-    const int16_t *mn;     // [N, K / 32]
+    const uint8_t *codes;  // [N, K / 2], pairs of 32-groups (see unpack_q4_pair)
+    const uint8_t *sc;     // [N, K / 32]
+    const uint8_t *mn;     // [N, K / 32]
     const float *d;        // [N, K / 256]
     const float *dmin;     // [N, K / 256]
 };
+
+// One Q4_K pair of 32-groups (64 inputs) as 4-bit codes: 32 bytes, the first group in
+// the low nibbles, the second in the high ones (the GGUF's own order): one load and
+// three instructions unpack both.
+// With a few rows the kernel is neither purely compute- nor memory-bound; asking for
+// the weights of the super-block eight ahead (1 KiB of codes) lets the two overlap.
+constexpr int AHEAD = 8 * SUPER / 2;  // bytes of codes
+
+inline void prefetch_ahead(const uint8_t *codes, const uint8_t *sc, const uint8_t *mn) {
+    _mm_prefetch((const char *)codes + AHEAD, _MM_HINT_T0);
+    _mm_prefetch((const char *)codes + AHEAD + 64, _MM_HINT_T0);
+    _mm_prefetch((const char *)sc + AHEAD / 16, _MM_HINT_T0);
+    _mm_prefetch((const char *)mn + AHEAD / 16, _MM_HINT_T0);
+}
+
+inline void unpack_q4_pair(const uint8_t *codes, __m256i &first, __m256i &second) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)codes);
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    first = _mm256_and_si256(v, mask);
+    second = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+}
 
 template <int M>
 void q4k_rows(const QuantRows256 xq, int K, const Q4KWeights w, const float *bias, float *y,
@@ -229,18 +252,23 @@ void q4k_rows(const QuantRows256 xq, int K, const Q4KWeights w, const float *bia
         for (int sb = 0; sb < S; ++sb) {
             __m256i iacc[M];
             for (int m = 0; m < M; ++m) iacc[m] = _mm256_setzero_si256();
-            for (int j = 0; j < SUPER / GROUP; ++j) {
-                const int64_t g = (int64_t)n * G + sb * (SUPER / GROUP) + j;
-                const __m256i wq = unpack_q4(w.codes + g * (GROUP / 2));
-                const __m256i scale = _mm256_set1_epi16(w.sc[g]);
-                const int64_t k0 = (int64_t)sb * SUPER + j * GROUP;
-                for (int m = 0; m < M; ++m) {
-                    const __m256i x = _mm256_loadu_si256((const __m256i *)(xq.codes + m * (int64_t)K + k0));
-                    const __m256i p16 = _mm256_maddubs_epi16(wq, x);
-                    iacc[m] = _mm256_add_epi32(iacc[m], _mm256_madd_epi16(p16, scale));
+            const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
+            prefetch_ahead(w.codes + g0 * (GROUP / 2), w.sc + g0, w.mn + g0);
+            for (int j = 0; j < SUPER / GROUP; j += 2) {
+                const int64_t g = g0 + j;
+                __m256i wq[2];
+                unpack_q4_pair(w.codes + g * (GROUP / 2), wq[0], wq[1]);
+                for (int h = 0; h < 2; ++h) {
+                    const __m256i scale = _mm256_set1_epi16(w.sc[g + h]);
+                    const int64_t k0 = (int64_t)sb * SUPER + (j + h) * GROUP;
+                    for (int m = 0; m < M; ++m) {
+                        const __m256i x = _mm256_loadu_si256((const __m256i *)(xq.codes + m * (int64_t)K + k0));
+                        const __m256i p16 = _mm256_maddubs_epi16(wq[h], x);
+                        iacc[m] = _mm256_add_epi32(iacc[m], _mm256_madd_epi16(p16, scale));
+                    }
                 }
             }
-            const __m128i mins = _mm_loadu_si128((const __m128i *)(w.mn + (int64_t)n * G + sb * 8));
+            const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(w.mn + g0)));
             const float d = w.d[(int64_t)n * S + sb], dmin = w.dmin[(int64_t)n * S + sb];
             for (int m = 0; m < M; ++m) {
                 const float dx = xq.scale[(int64_t)m * S + sb];
@@ -482,7 +510,7 @@ struct Scratch {
 
 extern "C" {
 
-int anve_qdot_version(void) { return 8; }
+int anve_qdot_version(void) { return 9; }
 
 // One linear layer of a call: its weight form, N, weight arrays (in the order of the
 // forms above), optional bias [N] and output y [M, N].
@@ -511,8 +539,8 @@ void part_tile(const Part &p, int M, int K, const QuantRows &r32, const QuantRow
                      N, n0, n1)
         } else if (p.form == FORM_Q4K) {
             const QuantRows256 xq = rows_from(r256, m0, K);
-            const Q4KWeights w = {(const uint8_t *)p.w[0], (const int16_t *)p.w[1],
-                                  (const int16_t *)p.w[2], (const float *)p.w[3],
+            const Q4KWeights w = {(const uint8_t *)p.w[0], (const uint8_t *)p.w[1],
+                                  (const uint8_t *)p.w[2], (const float *)p.w[3],
                                   (const float *)p.w[4]};
             DISPATCH(q4k_rows, xq, K, w, p.bias, out, N, n0, n1)
         } else {
