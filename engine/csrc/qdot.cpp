@@ -289,6 +289,8 @@ struct Q6KWeights {
     const float *d;    // [N, K / 256]
 };
 
+constexpr int Q6_AHEAD = 8 * SUPER;  // bytes of codes
+
 template <int M>
 void q6k_rows(const QuantRows256 xq, int K, const Q6KWeights w, const float *bias, float *y,
               int N, int n0, int n1) {
@@ -299,8 +301,12 @@ void q6k_rows(const QuantRows256 xq, int K, const Q6KWeights w, const float *bia
         for (int sb = 0; sb < S; ++sb) {
             __m256i iacc[M];
             for (int m = 0; m < M; ++m) iacc[m] = _mm256_setzero_si256();
+            const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
+            for (int line = 0; line < SUPER; line += 64)  // as q4k_rows: the codes 8 super-blocks on
+                _mm_prefetch((const char *)(w.q + g0 * GROUP) + Q6_AHEAD + line, _MM_HINT_T0);
+            _mm_prefetch((const char *)(w.sc + 2 * g0) + Q6_AHEAD / 16, _MM_HINT_T0);
             for (int j = 0; j < SUPER / GROUP; ++j) {
-                const int64_t g = (int64_t)n * G + sb * (SUPER / GROUP) + j;
+                const int64_t g = g0 + j;
                 const __m256i wq = _mm256_loadu_si256((const __m256i *)(w.q + g * GROUP));
                 const __m256i w_abs = _mm256_sign_epi8(wq, wq);
                 const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(w.sc[2 * g + 1]),
@@ -510,7 +516,7 @@ struct Scratch {
 
 extern "C" {
 
-int anve_qdot_version(void) { return 9; }
+int anve_qdot_version(void) { return 10; }
 
 // One linear layer of a call: its weight form, N, weight arrays (in the order of the
 // forms above), optional bias [N] and output y [M, N].
