@@ -146,6 +146,8 @@ inline float offset_term(const uint16_t *offset, const float *xsum, int G) {
     return total;
 }
 
+constexpr int Q4_AHEAD = 8 * 8 * GROUP / 2;  // bytes of codes
+
 template <int M>
 void q4_rows(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *scale,
              const uint16_t *offset, const float *bias, float *y, int N, int n0, int n1) {
@@ -157,6 +159,10 @@ void q4_rows(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *sc
         const uint16_t *srow = scale + (int64_t)n * G;
         int g = 0;
         for (; g + 8 <= G; g += 8) {  // each row's 8 group scales times the weights' at once
+            for (int line = 0; line < 8 * GROUP / 2; line += 64)  // as q4k_rows: 8 blocks on
+                _mm_prefetch((const char *)(wrow + g * (GROUP / 2)) + Q4_AHEAD + line, _MM_HINT_T0);
+            _mm_prefetch((const char *)(srow + g) + Q4_AHEAD / 8, _MM_HINT_T0);
+            _mm_prefetch((const char *)(offset + (int64_t)n * G + g) + Q4_AHEAD / 8, _MM_HINT_T0);
             alignas(32) float both[M][8];
             const __m256 s8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(srow + g)));
             for (int m = 0; m < M; ++m)
@@ -516,7 +522,7 @@ struct Scratch {
 
 extern "C" {
 
-int anve_qdot_version(void) { return 10; }
+int anve_qdot_version(void) { return 11; }
 
 // One linear layer of a call: its weight form, N, weight arrays (in the order of the
 // forms above), optional bias [N] and output y [M, N].
