@@ -23,7 +23,8 @@ tensors run exactly as :class:`Q6KLinear`: integer-dot kernels, 2-3x faster here
 equally row-invariant. With
 ``requantize`` (draft models only: a draft's numerics move its acceptance, never the
 output) the tensors with no int4 form are rounded to 4 bits too
-(:meth:`Q4Linear.from_dense`), so a draft reads ~40 % fewer bytes per step.
+(:meth:`Q4Linear.from_dense`), so a draft reads ~40 % fewer bytes per step. Our kernels'
+weights are then moved into huge pages (:mod:`engine.pages`).
 
 Int4 layers are built only where the decoded GGUF rows equal the loaded weight
 (sampled check), so a GGUF that is not the model's source falls back to dense layers.
@@ -44,11 +45,12 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from engine import kernels
+from engine import kernels, pages
 from engine.fastlinear import (
     FastLinear,
     Int4Linear,
     Int8Linear,
+    NativeLinear,
     Q4KLinear,
     Q4Linear,
     Q6KLinear,
@@ -268,6 +270,7 @@ def accelerate(
         for name, layer in converted.items():
             _set_submodule(model, name, layer)
             report.layers[type(layer).__name__] += 1
+        pages.to_huge_pages(m for m in converted.values() if isinstance(m, NativeLinear))
     if int4 if row_attention is None else row_attention:
         use_row_attention(model)
         kinds = set(report.layers)

@@ -8,7 +8,7 @@ import torch
 from gguf import GGMLQuantizationType as QuantType
 from gguf import quants
 
-from engine import kernels
+from engine import kernels, pages
 from engine.accelerate import accelerate, cache_path
 from engine.fastlinear import (
     Int8Linear,
@@ -302,3 +302,27 @@ def test_layers_sharing_an_input_in_one_call_give_each_layer_its_own_output() ->
             assert torch.equal(y, layer(x))
     assert fused([q4k, torch.nn.Linear(k, 8)]) is None  # a layer without a native part
     assert fused([q4k, Q4Linear.from_dense(torch.randn(8, 256))]) is None  # other inputs
+
+
+def test_weights_moved_into_huge_pages_give_the_same_outputs() -> None:
+    torch.manual_seed(9)
+    k = 512
+    layers = [
+        Q4KLinear.from_groups(decode_int4(q4_k_blocks(40, k), QuantType.Q4_K, 40, k)),
+        Q6KLinear.from_blocks(decode_q6_k(q6_k_blocks(24, k), 24, k)),
+        Q8Linear.from_weight(torch.randn(33, k) * 0.05, torch.randn(33)),
+    ]
+    x = torch.randn(3, k)
+    before = [layer(x) for layer in layers]
+
+    def arrays() -> list[torch.Tensor]:
+        return [getattr(layer, name) for layer in layers for name in (*layer.BUFFERS, "bias")
+                if getattr(layer, name) is not None]
+
+    sizes = [t.numel() * t.element_size() for t in arrays()]
+    assert len(sizes) == 5 + 3 + 3 and pages.to_huge_pages(layers) >= sum(sizes)
+    starts = sorted(t.data_ptr() for t in arrays())
+    assert starts[0] % pages.HUGE_PAGE == 0 and all(p % pages.ALIGN == 0 for p in starts)
+    assert starts[-1] - starts[0] < sum(sizes) + pages.ALIGN * len(sizes)  # one arena
+    for layer, expected in zip(layers, before, strict=True):
+        assert torch.equal(layer(x), expected)
