@@ -227,8 +227,8 @@ struct Q4KWeights {
 // the low nibbles, the second in the high ones (the GGUF's own order): one load and
 // three instructions unpack both.
 // With a few rows the kernel is neither purely compute- nor memory-bound; asking for
-// the weights of the super-block eight ahead (1 KiB of codes) lets the two overlap.
-constexpr int AHEAD = 8 * SUPER / 2;  // bytes of codes
+// the weights of the super-block 32 ahead (4 KiB of codes) lets the two overlap.
+constexpr int AHEAD = 32 * SUPER / 2;  // bytes of codes
 
 inline void prefetch_ahead(const uint8_t *codes, const uint8_t *sc, const uint8_t *mn) {
     _mm_prefetch((const char *)codes + AHEAD, _MM_HINT_T0);
