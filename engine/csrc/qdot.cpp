@@ -223,9 +223,6 @@ struct Q4KWeights {
     const float *dmin;     // [N, K / 256]
 };
 
-// One Q4_K pair of 32-groups (64 inputs) as 4-bit codes: 32 bytes, the first group in
-// the low nibbles, the second in the high ones (the GGUF's own order): one load and
-// three instructions unpack both.
 // With a few rows the kernel is neither purely compute- nor memory-bound; asking for
 // the weights of the super-block 32 ahead (4 KiB of codes) lets the two overlap.
 constexpr int AHEAD = 32 * SUPER / 2;  // bytes of codes
@@ -237,6 +234,9 @@ inline void prefetch_ahead(const uint8_t *codes, const uint8_t *sc, const uint8_
     _mm_prefetch((const char *)mn + AHEAD / 16, _MM_HINT_T0);
 }
 
+// One Q4_K pair of 32-groups (64 inputs) as 4-bit codes: 32 bytes, the first group in
+// the low nibbles, the second in the high ones (the GGUF's own order): one load and
+// three instructions unpack both.
 inline void unpack_q4_pair(const uint8_t *codes, __m256i &first, __m256i &second) {
     const __m256i v = _mm256_loadu_si256((const __m256i *)codes);
     const __m256i mask = _mm256_set1_epi8(0x0F);
