@@ -166,6 +166,17 @@ def _source_tag(gguf_path: Path) -> str:
     return f"{gguf_path.name}:{gguf_path.stat().st_size}"
 
 
+def _drop_older_formats(path: Path) -> None:
+    """Delete this build's caches of earlier formats: never read again, each the size of
+    the model's weights (a gigabyte or two left behind by every update otherwise)."""
+    stem, _, _ = path.stem.rpartition("-v")
+    for old in path.parent.glob(f"{stem}-v*.safetensors"):
+        version = old.stem.rpartition("-v")[2]
+        if old != path and version.isdigit() and int(version) < CACHE_FORMAT:
+            old.unlink(missing_ok=True)
+            log.info("removed the outdated cache %s", old)
+
+
 def _save_cache(path: Path, layers: dict[str, nn.Module], source: str) -> None:
     """Write the quantized layers' buffers atomically; dense layers are not stored."""
     kinds = {n: type(m).__name__ for n, m in layers.items() if type(m).__name__ in _QUANT_LAYERS}
@@ -174,6 +185,7 @@ def _save_cache(path: Path, layers: dict[str, nn.Module], source: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     save_file(tensors, str(tmp), metadata={"kinds": json.dumps(kinds), "source": source})
     os.replace(tmp, path)
+    _drop_older_formats(path)
     log.info("cached %d converted layers in %s", len(kinds), path)
 
 

@@ -13,7 +13,13 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
 from engine import kernels
-from engine.accelerate import AccelerationReport, accelerate, cache_path, model_bytes
+from engine.accelerate import (
+    CACHE_FORMAT,
+    AccelerationReport,
+    accelerate,
+    cache_path,
+    model_bytes,
+)
 from engine.fastlinear import SMALL_ROWS, FastLinear, Int4Linear, Int8Linear, Q4Linear
 from engine.quant import decode_int4
 from engine.runner import ModelRunner
@@ -283,6 +289,23 @@ def test_converted_layers_are_cached_and_reloaded(tmp_path: Path, native: bool) 
     assert second.from_cache and second.layers == first.layers and second.row_invariant
     with torch.no_grad():
         assert torch.equal(again(x).logits, expected)
+
+
+def test_writing_a_cache_removes_the_same_builds_older_formats(tmp_path: Path) -> None:
+    model, path = gguf_model(tmp_path)
+    folder = tmp_path / "accelerated"
+    current = cache_path(folder, "int4+int8", torch.float32)
+    stem = current.name.rpartition("-v")[0]
+    folder.mkdir()
+    older = [folder / f"{stem}-v{v}.safetensors" for v in range(1, CACHE_FORMAT)]
+    kept = [folder / f"{stem}-v{CACHE_FORMAT + 1}.safetensors",  # a newer build's
+            cache_path(folder, "int4", torch.float32).with_name("other-v1.safetensors"),
+            folder / f"{stem.replace('int4-int8', 'int4')}-v1.safetensors"]  # another mode's
+    for file in older + kept:
+        file.write_bytes(b"old")
+    accelerate(model, path, "int4+int8", cache_dir=folder, native=False)
+    assert current.is_file() and not any(f.exists() for f in older)
+    assert all(f.read_bytes() == b"old" for f in kept)
 
 
 def test_a_cache_that_does_not_fit_is_rebuilt(
