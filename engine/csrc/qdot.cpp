@@ -146,7 +146,15 @@ inline float offset_term(const uint16_t *offset, const float *xsum, int G) {
     return total;
 }
 
-constexpr int Q4_AHEAD = 8 * 8 * GROUP / 2;  // bytes of codes
+// With a few rows a kernel is neither purely compute- nor memory-bound; asking for its
+// weights some blocks ahead (each kernel's *_AHEAD, as measured best) lets the two
+// overlap. Prefetches `bytes` from `p` on, a cache line at a time (never faults, even
+// past an array's end).
+inline void prefetch(const char *p, int bytes) {
+    for (int line = 0; line < bytes; line += 64) _mm_prefetch(p + line, _MM_HINT_T0);
+}
+
+constexpr int Q4_AHEAD = 8 * 8 * GROUP / 2;  // bytes of codes: 8 blocks of 256 inputs
 
 template <int M>
 void q4_rows(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *scale,
@@ -156,13 +164,12 @@ void q4_rows(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *sc
         __m256 acc[M];
         for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
         const uint8_t *wrow = codes + (int64_t)n * G * (GROUP / 2);
-        const uint16_t *srow = scale + (int64_t)n * G;
+        const uint16_t *srow = scale + (int64_t)n * G, *orow = offset + (int64_t)n * G;
         int g = 0;
         for (; g + 8 <= G; g += 8) {  // each row's 8 group scales times the weights' at once
-            for (int line = 0; line < 8 * GROUP / 2; line += 64)  // as q4k_rows: 8 blocks on
-                _mm_prefetch((const char *)(wrow + g * (GROUP / 2)) + Q4_AHEAD + line, _MM_HINT_T0);
-            _mm_prefetch((const char *)(srow + g) + Q4_AHEAD / 8, _MM_HINT_T0);
-            _mm_prefetch((const char *)(offset + (int64_t)n * G + g) + Q4_AHEAD / 8, _MM_HINT_T0);
+            prefetch((const char *)(wrow + g * (GROUP / 2)) + Q4_AHEAD, 8 * GROUP / 2);
+            prefetch((const char *)(srow + g) + Q4_AHEAD / 8, 1);
+            prefetch((const char *)(orow + g) + Q4_AHEAD / 8, 1);
             alignas(32) float both[M][8];
             const __m256 s8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(srow + g)));
             for (int m = 0; m < M; ++m)
@@ -185,7 +192,6 @@ void q4_rows(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *sc
             }
         }
         const float b = bias ? bias[n] : 0.0f;
-        const uint16_t *orow = offset + (int64_t)n * G;
         for (int m = 0; m < M; ++m) {
             const float corr = offset_term(orow, xq.sum + (int64_t)m * G, G);
             y[(int64_t)m * N + n] = (hsum(acc[m]) + corr) + b;
@@ -223,16 +229,7 @@ struct Q4KWeights {
     const float *dmin;     // [N, K / 256]
 };
 
-// With a few rows the kernel is neither purely compute- nor memory-bound; asking for
-// the weights of the super-block 32 ahead (4 KiB of codes) lets the two overlap.
-constexpr int AHEAD = 32 * SUPER / 2;  // bytes of codes
-
-inline void prefetch_ahead(const uint8_t *codes, const uint8_t *sc, const uint8_t *mn) {
-    _mm_prefetch((const char *)codes + AHEAD, _MM_HINT_T0);
-    _mm_prefetch((const char *)codes + AHEAD + 64, _MM_HINT_T0);
-    _mm_prefetch((const char *)sc + AHEAD / 16, _MM_HINT_T0);
-    _mm_prefetch((const char *)mn + AHEAD / 16, _MM_HINT_T0);
-}
+constexpr int Q4K_AHEAD = 32 * SUPER / 2;  // bytes of codes: 32 super-blocks
 
 // One Q4_K pair of 32-groups (64 inputs) as 4-bit codes: 32 bytes, the first group in
 // the low nibbles, the second in the high ones (the GGUF's own order): one load and
@@ -259,7 +256,9 @@ void q4k_rows(const QuantRows256 xq, int K, const Q4KWeights w, const float *bia
             __m256i iacc[M];
             for (int m = 0; m < M; ++m) iacc[m] = _mm256_setzero_si256();
             const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
-            prefetch_ahead(w.codes + g0 * (GROUP / 2), w.sc + g0, w.mn + g0);
+            prefetch((const char *)(w.codes + g0 * (GROUP / 2)) + Q4K_AHEAD, SUPER / 2);
+            prefetch((const char *)(w.sc + g0) + Q4K_AHEAD / 16, 1);
+            prefetch((const char *)(w.mn + g0) + Q4K_AHEAD / 16, 1);
             for (int j = 0; j < SUPER / GROUP; j += 2) {
                 const int64_t g = g0 + j;
                 __m256i wq[2];
@@ -295,7 +294,7 @@ struct Q6KWeights {
     const float *d;    // [N, K / 256]
 };
 
-constexpr int Q6_AHEAD = 8 * SUPER;  // bytes of codes
+constexpr int Q6_AHEAD = 8 * SUPER;  // bytes of codes: 8 super-blocks
 
 template <int M>
 void q6k_rows(const QuantRows256 xq, int K, const Q6KWeights w, const float *bias, float *y,
@@ -308,9 +307,8 @@ void q6k_rows(const QuantRows256 xq, int K, const Q6KWeights w, const float *bia
             __m256i iacc[M];
             for (int m = 0; m < M; ++m) iacc[m] = _mm256_setzero_si256();
             const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
-            for (int line = 0; line < SUPER; line += 64)  // as q4k_rows: the codes 8 super-blocks on
-                _mm_prefetch((const char *)(w.q + g0 * GROUP) + Q6_AHEAD + line, _MM_HINT_T0);
-            _mm_prefetch((const char *)(w.sc + 2 * g0) + Q6_AHEAD / 16, _MM_HINT_T0);
+            prefetch((const char *)(w.q + g0 * GROUP) + Q6_AHEAD, SUPER);
+            prefetch((const char *)(w.sc + 2 * g0) + Q6_AHEAD / 16, 1);
             for (int j = 0; j < SUPER / GROUP; ++j) {
                 const int64_t g = g0 + j;
                 const __m256i wq = _mm256_loadu_si256((const __m256i *)(w.q + g * GROUP));
