@@ -176,7 +176,7 @@ def decode(
         if drafter is not None and len(draft):
             drafter.observe(context, len(draft), n)
         if policy is not None:  # a tree's depth is what its acceptance is measured on
-            policy.update(draft.depth, n, t1 - t0, t2 - t1)
+            policy.update(draft.depth, n, t1 - t0, t2 - t1, draft.catch_up)
         tokens, flags = [*kept, nxt], [True] * n + [False]
         finish = None
         for i, token in enumerate(tokens):

@@ -4,13 +4,19 @@ Leviathan et al. 2022: if each draft token is accepted independently with
 probability ``alpha``, a pass that drafts ``gamma`` tokens yields on average
 ``E = (1 - alpha^(gamma+1)) / (1 - alpha)`` tokens and costs
 ``gamma * c + t(gamma + 1)`` seconds, where ``c`` is one draft step and ``t(k)`` a
-target forward over ``k`` tokens. :func:`choose_gamma` maximises ``E / cost``;
-``gamma = 0`` (plain decoding, ``1 / t(1)``) wins when drafting cannot pay.
+target forward over ``k`` tokens. A model drafter whose drafts were all accepted
+(chance ``alpha^gamma``) feeds its last draft token on the next pass: one more step,
+``c * alpha^gamma``, is added to the cost. :func:`choose_gamma` maximises
+``E / cost``; ``gamma = 0`` (plain decoding, ``1 / t(1)``) wins when drafting cannot pay.
 
-:class:`DraftPolicy` measures ``alpha``, ``c`` and ``t(k)`` on the current answer
-(exponentially decayed, so it follows the text), picks ``gamma`` before each pass,
-and when plain decoding is predicted faster it stops drafting for a cool-down that
-doubles on each failed probe, then probes again. All functions are pure or depend
+:class:`DraftPolicy` measures ``alpha``, ``c`` and ``t(k)`` (exponentially decayed, so
+they follow the text), picks ``gamma`` before each pass, and when plain decoding is
+predicted faster it stops drafting for a cool-down that doubles on each failed probe,
+then probes again. ``c`` is measured per draft step: a pass whose drafter first had to
+catch up with more context than the previous pass produced (after plain passes, or
+after a lookup drafted for the hybrid) says nothing about the cost of a step and is not
+counted. A new answer starts from part of the previous answers' acceptance, so one
+unlucky first pass does not switch drafting off. All functions are pure or depend
 only on the numbers fed to ``update``, so they are tested with synthetic costs.
 """
 
@@ -20,9 +26,10 @@ from dataclasses import dataclass, field
 DECAY = 0.85  # weight of the past in the running estimates, per pass
 PRIOR_SLOPE = 0.15  # assumed extra cost per extra verified token, relative to t(1)
 MIN_COOLDOWN, MAX_COOLDOWN = 4, 64
+CARRY = 0.6  # share of the acceptance evidence a new answer keeps from the earlier ones
 
 
-def expected_tokens(alpha: float, gamma: int) -> float:
+def expected_tokens(alpha: float, gamma: float) -> float:
     """Mean tokens per pass for acceptance rate ``alpha`` and ``gamma`` drafts."""
     if gamma <= 0:
         return 1.0
@@ -32,12 +39,19 @@ def expected_tokens(alpha: float, gamma: int) -> float:
 
 
 def choose_gamma(
-    alpha: float, draft_cost: float, verify_cost: Callable[[int], float], max_gamma: int
+    alpha: float, draft_cost: float, verify_cost: Callable[[int], float], max_gamma: int,
+    fill: float = 1.0,
 ) -> int:
-    """The draft length in ``0..max_gamma`` with the highest expected tokens per second."""
+    """The draft length in ``0..max_gamma`` with the highest expected tokens per second.
+
+    ``fill``: the share of the asked length a drafter really drafts (it stops early
+    when unsure, a lookup finds fewer): asking ``gamma`` yields ``fill * gamma`` drafts.
+    """
     best, best_rate = 0, 1.0 / verify_cost(1)
     for gamma in range(1, max_gamma + 1):
-        rate = expected_tokens(alpha, gamma) / (gamma * draft_cost + verify_cost(gamma + 1))
+        drafts = max(1.0, fill * gamma)
+        drafting = draft_cost * (drafts + alpha**drafts)  # + the next pass's catch-up step
+        rate = expected_tokens(alpha, drafts) / (drafting + verify_cost(round(drafts) + 1))
         if rate > best_rate * 1.02:  # prefer shorter drafts unless clearly better
             best, best_rate = gamma, rate
     return best
@@ -53,18 +67,26 @@ class DraftPolicy:
     accepted: float = 0.0
     rejected: float = 0.0
     draft_cost: float | None = None  # seconds per drafted token
-    verify: dict[int, float] = field(default_factory=dict)  # tokens fed -> seconds
+    t1: float | None = None  # seconds of a target forward over one token
+    ratio: dict[int, float] = field(default_factory=dict)  # tokens fed k -> t(k) / t(1)
+    unscaled: dict[int, float] = field(default_factory=dict)  # seconds, before t(1) is known
     cooldown: int = 0  # plain passes left before the next probe
     next_cooldown: int = MIN_COOLDOWN
     off_passes: int = 0  # passes run plain because drafting did not pay
     last_off: bool = False  # whether the last next_gamma() switched drafting off
     probe: bool = False  # the cool-down is over: draft once more to re-measure acceptance
+    last_yield: int = 1  # tokens the last pass produced
+    asked: float = 0.0  # decayed sums of the draft lengths asked for and really drafted
+    got: float = 0.0
+    last_asked: int = 0
 
     def new_answer(self) -> None:
-        """Forget the acceptance of the previous answer; keep the measured costs."""
-        self.accepted = self.rejected = 0.0
+        """Keep the measured costs and ``CARRY`` of the acceptance evidence."""
+        self.accepted *= CARRY
+        self.rejected *= CARRY
         self.cooldown, self.next_cooldown, self.off_passes = 0, MIN_COOLDOWN, 0
         self.probe = False
+        self.last_yield = 1
 
     @property
     def alpha(self) -> float:
@@ -73,21 +95,29 @@ class DraftPolicy:
         return a / (a + r)
 
     def verify_cost(self, k: int) -> float:
-        """Measured or interpolated cost of a target forward over ``k`` tokens."""
-        if k in self.verify:
-            return self.verify[k]
-        base = self.verify.get(1) or min(self.verify.values(), default=1.0)
-        known = sorted(self.verify)
-        if len(known) >= 2:
-            lo, hi = known[0], known[-1]
-            slope = max(0.0, (self.verify[hi] - self.verify[lo]) / (hi - lo))
-            return self.verify[lo] + slope * (k - lo) if k > lo else self.verify[lo]
-        return base * (1 + PRIOR_SLOPE * (k - 1))
+        """Cost of a target forward over ``k`` tokens: ``t(1)`` times the measured (or
+        interpolated) ratio ``t(k) / t(1)``. Ratios are measured against the ``t(1)`` of
+        the same period, so a slow spell of the machine moves both alike."""
+        return (self.t1 or 1.0) * self.ratio_at(k)
+
+    def ratio_at(self, k: int) -> float:
+        if k <= 1:
+            return 1.0
+        if k in self.ratio:
+            return self.ratio[k]
+        points = sorted([(1, 1.0), *self.ratio.items()])
+        lo = max(p for p in points if p[0] < k)
+        hi = min((p for p in points if p[0] > k), default=None)
+        if hi is None:  # beyond the longest measured: its slope from t(1) on
+            hi = lo if lo[0] > 1 else (2, 1.0 + PRIOR_SLOPE)
+            lo = (1, 1.0)
+        return lo[1] + max(0.0, hi[1] - lo[1]) * (k - lo[0]) / (hi[0] - lo[0])
 
     def next_gamma(self, room: int) -> int:
         """Draft length for the next pass (0 = plain), at most ``room - 1``."""
         limit = min(self.max_gamma, room - 1)
         self.last_off = False
+        self.last_asked = 0
         if limit <= 0:
             return 0
         if self.cooldown > 0:
@@ -98,10 +128,13 @@ class DraftPolicy:
             return 0
         if self.draft_cost is None or self.probe:
             self.probe = False
-            return min(self.start_gamma, limit)  # measure a draft and t(gamma+1)
-        if 1 not in self.verify:
+            self.last_asked = min(self.start_gamma, limit)
+            return self.last_asked  # measure a draft and t(gamma+1)
+        if self.t1 is None:
             return 0  # one plain pass measures t(1), the cost to beat
-        gamma = choose_gamma(self.alpha, self.draft_cost, self.verify_cost, limit)
+        fill = self.got / self.asked if self.asked > 0 else 1.0
+        gamma = choose_gamma(self.alpha, self.draft_cost, self.verify_cost, limit, fill)
+        self.last_asked = gamma
         if gamma == 0:
             self.cooldown = self.next_cooldown - 1
             self.next_cooldown = min(self.next_cooldown * 2, MAX_COOLDOWN)
@@ -109,17 +142,37 @@ class DraftPolicy:
             self.last_off = True
         return gamma
 
-    def update(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
-        """Feed one pass's outcome: drafts proposed and kept, and their timings."""
-        fed = drafted + 1
-        old = self.verify.get(fed)
-        self.verify[fed] = verify_s if old is None else DECAY * old + (1 - DECAY) * verify_s
+    def _measured(self, fed: int, seconds: float) -> None:
+        """Fold one verification's time into ``t1`` or the ratio for ``fed`` tokens."""
+        if fed == 1:
+            self.t1 = seconds if self.t1 is None else DECAY * self.t1 + (1 - DECAY) * seconds
+            for k, raw in self.unscaled.items():  # measured before t(1) was known
+                self.ratio.setdefault(k, raw / self.t1)
+            self.unscaled.clear()
+        elif self.t1 is None:
+            self.unscaled[fed] = seconds
+        else:
+            old = self.ratio.get(fed)
+            now = seconds / self.t1
+            self.ratio[fed] = now if old is None else DECAY * old + (1 - DECAY) * now
+
+    def update(self, drafted: int, accepted: int, draft_s: float, verify_s: float,
+               catch_up: int = 0) -> None:
+        """Feed one pass's outcome: drafts proposed and kept, their timings, and the
+        context tokens the drafter fed before drafting (``Draft.catch_up``)."""
+        self._measured(drafted + 1, verify_s)
+        last_yield, self.last_yield = self.last_yield, accepted + 1
+        if self.last_asked > 0 and drafted > 0:  # (a lookup that found nothing: no draft)
+            self.asked = DECAY * self.asked + self.last_asked
+            self.got = DECAY * self.got + drafted
+        self.last_asked = 0
         if drafted == 0:
             return
-        per_token = draft_s / drafted
-        self.draft_cost = per_token if self.draft_cost is None else (
-            DECAY * self.draft_cost + (1 - DECAY) * per_token
-        )
+        if self.draft_cost is None or catch_up <= max(2, last_yield):
+            per_step = draft_s / (drafted + (catch_up >= 2))  # a short catch-up: about a step
+            self.draft_cost = per_step if self.draft_cost is None else (
+                DECAY * self.draft_cost + (1 - DECAY) * per_step
+            )
         self.accepted = DECAY * self.accepted + accepted
         self.rejected = DECAY * self.rejected + (1 if accepted < drafted else 0)
         if accepted == drafted:

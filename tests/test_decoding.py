@@ -84,6 +84,23 @@ def test_greedy_speculative_equals_greedy_plain_for_every_drafter(kind: str) -> 
     assert accepted_any
 
 
+def test_draft_model_reports_the_context_it_caught_up_on() -> None:
+    vocab = 64
+    model = tiny_model("llama", vocab_size=vocab, seed=1, scale=4.0)
+    drafter = DraftModelDrafter(loaded(model), vocab, min_confidence=0.0)
+    params, generator = SamplingParams(), torch.Generator()
+    prompt = [5, 6, 7, 8, 5, 6]
+    first = drafter.propose(prompt, 3, params, generator)
+    assert len(first) == 3 and first.catch_up == len(prompt)  # nothing was cached yet
+    context = [*prompt, *first.tokens, 1]  # all accepted: the last draft and the new token
+    second = drafter.propose(context, 3, params, generator)
+    assert second.catch_up == 2
+    context += [second.tokens[0], (second.tokens[1] + 1) % vocab]  # one kept, one corrected
+    assert drafter.propose(context, 3, params, generator).catch_up == 1
+    context += [1, 2, 3, 4]  # four tokens decoded without it: all four are new to it
+    assert drafter.propose(context, 3, params, generator).catch_up == 4
+
+
 def test_draft_of_different_vocab_size_is_padded() -> None:
     target = tiny_model("llama", vocab_size=64, seed=1, scale=4.0)
     draft = tiny_model("llama", vocab_size=60, seed=1, scale=4.0)

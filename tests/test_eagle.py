@@ -154,6 +154,8 @@ def test_the_head_catches_up_with_the_prompt_before_the_first_pass() -> None:
     prefill_drafter(drafter, runner, prompt)
     assert drafter.cache.get_seq_length() == len(prompt) - 2  # all but the last feature
     warm = drafter.propose(prompt, 3, SamplingParams(), torch.Generator())
+    assert warm.catch_up == 1  # only the last position was left to feed
     fresh = EagleDrafter(drafter.head, target, min_confidence=0.0)
     fresh.observe_hidden(runner.hidden)
-    assert fresh.propose(prompt, 3, SamplingParams(), torch.Generator()).tokens == warm.tokens
+    cold = fresh.propose(prompt, 3, SamplingParams(), torch.Generator())
+    assert cold.tokens == warm.tokens and cold.catch_up == len(prompt) - 1

@@ -49,6 +49,23 @@ def feed(policy: DraftPolicy, passes: int, accept_all: bool, t1: float = 0.1,
     return gammas
 
 
+def test_a_drafter_that_stops_early_is_asked_for_more() -> None:
+    costs = flat(0.1, 0.2)
+    full = choose_gamma(0.85, 0.03, costs, 8)
+    assert 1 <= full < choose_gamma(0.85, 0.03, costs, 8, fill=0.5)
+
+
+def test_verification_costs_follow_a_slow_spell_as_ratios_to_one_step() -> None:
+    policy = DraftPolicy()
+    policy.update(4, 4, 0.004, 0.15)  # t(5) measured before any t(1)
+    policy.update(0, 0, 0.0, 0.1)
+    assert policy.verify_cost(5) == pytest.approx(0.15)
+    assert policy.verify_cost(3) == pytest.approx(0.125)  # between t(1) and t(5)
+    for _ in range(40):  # the machine gets twice as slow; no draft pass meanwhile
+        policy.update(0, 0, 0.0, 0.2)
+    assert policy.verify_cost(5) == pytest.approx(0.3, rel=0.01)
+
+
 def test_policy_turns_off_on_rejections_and_probes_again() -> None:
     policy = DraftPolicy(max_gamma=8, start_gamma=4)
     gammas = feed(policy, 40, accept_all=False)
@@ -65,6 +82,29 @@ def test_policy_comes_back_on_when_drafts_are_accepted_again() -> None:
     feed(policy, 30, accept_all=False)
     later = feed(policy, 60, accept_all=True)
     assert later[-1] >= 4 and later[-10:].count(0) == 0
+
+
+def test_a_long_catch_up_is_not_taken_for_the_cost_of_draft_steps() -> None:
+    policy = DraftPolicy()
+    policy.update(4, 2, 0.04, 0.2, catch_up=1)  # 10 ms a step
+    policy.update(4, 4, 0.04, 0.2, catch_up=1)
+    policy.update(4, 1, 0.05, 0.2, catch_up=2)  # the last draft fed again: 5 steps
+    assert policy.draft_cost == pytest.approx(0.01)
+    policy.update(0, 0, 0.0, 0.1)  # a plain pass: the drafter sat it out
+    policy.update(4, 4, 0.5, 0.2, catch_up=12)  # caught up on 12 tokens first
+    assert policy.draft_cost == pytest.approx(0.01)
+    policy.update(4, 1, 0.1, 0.2, catch_up=5)  # what the last pass produced (an EAGLE head)
+    assert policy.draft_cost > 0.01
+
+
+def test_a_new_answer_keeps_part_of_the_acceptance_seen_before() -> None:
+    policy = DraftPolicy(max_gamma=8)
+    feed(policy, 30, accept_all=True)
+    policy.new_answer()
+    assert policy.alpha > 0.9
+    gamma = policy.next_gamma(room=100)
+    policy.update(gamma, 0, 0.001 * gamma, 0.1 * (1 + 0.3 * gamma))  # one unlucky first pass
+    assert policy.next_gamma(room=100) > 0  # not switched off on that alone
 
 
 def test_policy_respects_the_room_left() -> None:

@@ -10,6 +10,10 @@ Every drafter implements :class:`Drafter`:
   the decoding loop then checks every branch in the same single target pass.
 * ``observe(context, proposed, accepted)`` tells the drafter how many of its last
   proposals the target kept, for drafters that adapt.
+* A drafter with a model of its own (draft model, EAGLE head) reports in
+  ``Draft.catch_up`` how many context tokens it fed that model before its first draft
+  step: 1 or 2 when it drafted the pass before, more after passes it sat out. The
+  adaptive policy measures the cost of a draft step only on short catch-ups.
 * Optionally, ``wants_hidden = True`` and ``observe_hidden(features)``: the decoding
   loop then hands over the target's final hidden states of ``context[:-1]``
   (``[len(context) - 1, H]``) before each ``propose`` (EAGLE heads).
@@ -34,7 +38,8 @@ from engine.sampling import SamplingParams
 class Draft:
     """Proposed tokens ``[G]`` and their draft distributions ``[G, V]`` (or ``None``).
 
-    A chain by default; with ``parents`` a tree: ``parents[i]`` is the index of token
+    ``catch_up``: context tokens fed to the drafter's own model before drafting (0 for
+    lookups). A chain by default; with ``parents`` a tree: ``parents[i]`` is the index of token
     ``i``'s parent in ``tokens`` (always lower), ``-1`` under the pending token. Siblings
     are alternatives in order: in sampling, each drawn from the ``probs`` row they share
     without the earlier ones (see :func:`engine.acceptance.tree_accept`).
@@ -43,6 +48,7 @@ class Draft:
     tokens: tuple[int, ...]
     probs: torch.Tensor | None = None
     parents: tuple[int, ...] | None = None
+    catch_up: int = 0
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -57,7 +63,7 @@ class Draft:
             keep.append(child)
             at = child
         probs = None if self.probs is None else self.probs[keep]
-        return Draft(tuple(self.tokens[i] for i in keep), probs)
+        return Draft(tuple(self.tokens[i] for i in keep), probs, catch_up=self.catch_up)
 
     @property
     def depth(self) -> int:

@@ -13,6 +13,7 @@ decoding steps compute logits only for the frequent ids and the end tokens
 """
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
@@ -62,7 +63,8 @@ class DraftModelDrafter:
         if k <= 0 or not context:
             return EMPTY_DRAFT
         # Keep at least the last context token uncached so its logits come out.
-        self.runner.truncate(min(self.runner.common_prefix(context), len(context) - 1))
+        kept = min(self.runner.common_prefix(context), len(context) - 1)
+        self.runner.truncate(kept)
         logits = self.runner.sync(context)
         assert logits is not None
         levels: list[Level] = []
@@ -73,7 +75,8 @@ class DraftModelDrafter:
                 break  # later guesses would most likely be rejected
             if i + 1 < k:
                 logits = self.runner.forward([levels[-1].token])[-1]
-        return branch(levels, self.branches, self.min_branch)
+        return replace(branch(levels, self.branches, self.min_branch),
+                       catch_up=len(context) - kept)
 
     def observe(self, context: Sequence[int], proposed: int, accepted: int) -> None:
         del context, proposed, accepted  # the cache is re-synced by prefix on the next call

@@ -24,6 +24,7 @@ drafts are accepted.
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +122,7 @@ class EagleDrafter:
         self.covered = list(context)
         draft = self._draft(feature, k, params, generator)
         self._crop(real)
-        return draft
+        return replace(draft, catch_up=real - keep)
 
     def _draft(
         self, feature: torch.Tensor, k: int, params: SamplingParams, generator: torch.Generator
