@@ -1,0 +1,281 @@
+"""Replay drafting on recorded greedy answers: what a drafting method would gain, fast.
+
+``python -m engine.replay RESULTS.json`` (a benchmark's JSON file) predicts the speedup
+of drafting methods and settings over plain decoding, per prompt kind, in minutes
+instead of a benchmark run per setting. Use it to tune; claim speed with the benchmark.
+
+Why this is exact for acceptance: under greedy verification a pass keeps the longest
+prefix of the draft that equals what the target says anyway, and the target's greedy
+answer is recorded in the benchmark's plain row. A lookup drafter only reads the
+context, so it replays exactly. A draft model's greedy chain from answer position
+``i`` agrees with the answer for as long as the model's prediction *given the true
+context* agrees at each position (up to the first miss both contexts are the same),
+so one forward of the draft model over prompt + answer (:func:`trace`) gives every
+chain's accepted length and the confidences that stop it. What the chain proposes
+after its first miss is unknown; the replay lets it run on to its limit (the cost a
+pass may pay, never a token gained).
+
+Costs are measured here on the same models: ``t(k)`` of the target, the draft model's
+forward over ``k`` tokens (a step, or a catch-up with context it did not see), and
+its prompt processing per prompt. Times are in units of ``t(1)`` and scaled, per
+prompt, by the recorded plain generation time per token; the recorded time to the
+first token is kept and the draft model's prompt processing added to it.
+"""
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.bench import KINDS, PROMPTS, load_prompts, verification_costs
+from engine.drafters.ngram import ngram_lookup
+from engine.drafters.suffix import SuffixDrafter
+from engine.invariant import MAX_ROWS
+from engine.policy import DraftPolicy
+from engine.registry import PROFILES
+from engine.runner import ModelRunner
+from engine.sampling import SamplingParams
+from engine.session import ChatEngine
+
+log = logging.getLogger(__name__)
+
+Costs = Callable[[int], float]  # tokens fed -> seconds, or units of t(1)
+GREEDY, GENERATOR = SamplingParams(), torch.Generator()  # what lookups are called with
+
+
+@dataclass
+class Case:
+    """One benchmark prompt: its ids, plain decoding's answer and timings."""
+
+    kind: str
+    prompt: list[int]
+    answer: list[int]
+    seconds: float
+    first_s: float
+
+    @property
+    def per_token_s(self) -> float:
+        """Plain decoding's time per token after the first (one target step)."""
+        return (self.seconds - self.first_s) / max(1, len(self.answer) - 1)
+
+
+@dataclass
+class Trace:
+    """The draft model's greedy prediction and its probability at each answer position."""
+
+    predicted: list[int]
+    confidence: list[float]
+    prefill_s: float
+
+
+def interpolate(points: dict[int, float]) -> Costs:
+    """Piecewise-linear ``k -> cost`` through measured points, extended linearly."""
+    ks = sorted(points)
+
+    def cost(k: int) -> float:
+        if k in points:
+            return points[k]
+        lo = max([x for x in ks if x < k], default=ks[0])
+        hi = min([x for x in ks if x > k], default=ks[-1])
+        if lo == hi:  # beyond the measured range: the last slope
+            lo, hi = (ks[-2], ks[-1]) if k > ks[-1] else (ks[0], ks[1])
+        return points[lo] + (points[hi] - points[lo]) * (k - lo) / (hi - lo)
+
+    return cost
+
+
+def model_chain(trace: Trace, answer: Sequence[int], i: int, k: int,
+                min_confidence: float) -> tuple[int, int]:
+    """``(drafted, accepted)`` of a draft model's greedy chain of at most ``k`` at ``i``."""
+    accepted = 0
+    for j in range(min(k, len(answer) - i)):
+        hit = trace.predicted[i + j] == answer[i + j]
+        if trace.confidence[i + j] < min_confidence:
+            return j + 1, accepted + hit  # this guess is proposed, then drafting stops
+        if not hit:
+            return k, accepted  # what follows a miss is unknown: assume it runs on
+        accepted += 1
+    return min(k, len(answer) - i), accepted
+
+
+def kept(draft: Sequence[int], answer: Sequence[int], i: int) -> int:
+    """Tokens of ``draft`` that greedy verification at answer position ``i`` keeps."""
+    n = 0
+    while n < len(draft) and i + n < len(answer) and draft[n] == answer[i + n]:
+        n += 1
+    return n
+
+
+@dataclass
+class Method:
+    """A drafting setting to replay: ``lookup`` (ngram/suffix/None) and/or the model."""
+
+    name: str
+    k: int | None  # fixed draft length, None = the adaptive policy
+    lookup: str | None = None
+    model: bool = False
+    min_confidence: float = 0.8
+    policy: DraftPolicy = field(default_factory=DraftPolicy)
+    suffix: SuffixDrafter = field(default_factory=SuffixDrafter)
+
+
+def replay(case: Case, trace: Trace | None, method: Method, t: Costs, d: Costs
+           ) -> tuple[float, list[int]]:
+    """Predicted generation time of ``case`` after its first token (in the unit of ``t``
+    and ``d``) and the tokens each pass's verification kept."""
+    answer, context = case.answer, list(case.prompt)
+    i, total, cached = 0, 0.0, len(case.prompt) - 1  # the draft model's cache length
+    kept_per_pass: list[int] = []
+    method.policy.new_answer()
+    while i < len(answer):
+        room = len(answer) - i
+        gamma = min(method.k, room - 1) if method.k else method.policy.next_gamma(room)
+        drafted = accepted = catch_up = 0
+        draft_cost = 0.0
+        if gamma > 0 and method.lookup:
+            tokens = (ngram_lookup(np.asarray(context), gamma) if method.lookup == "ngram"
+                      else list(method.suffix.propose(context, gamma, GREEDY, GENERATOR).tokens))
+            if len(tokens) >= min(2, gamma) or not method.model:
+                drafted, accepted = len(tokens), kept(tokens, answer, i)
+        if gamma > 0 and method.model and drafted == 0 and trace is not None:
+            drafted, accepted = model_chain(trace, answer, i, gamma, method.min_confidence)
+            catch_up = len(context) - cached
+            draft_cost = d(catch_up) + (drafted - 1) * d(1)
+            cached = len(context) + drafted - 1
+        verify = t(drafted + 1)
+        total += verify + draft_cost
+        if not method.k:
+            method.policy.update(drafted, accepted, draft_cost, verify, catch_up)
+        cached = min(cached, len(context) + accepted)
+        kept_per_pass.append(accepted)
+        context += answer[i : i + accepted + 1]
+        i += accepted + 1
+    method.suffix.add_document(answer)
+    return total - t(1), kept_per_pass  # the first token's step: in the first-token time
+
+
+def predict(cases: Sequence[Case], traces: Sequence[Trace], method: Method, t: Costs,
+            d: Costs) -> dict[str, tuple[float, float]]:
+    """Per kind and ``overall``: (speedup, speedup after the first token) over plain."""
+    sums: dict[str, list[float]] = {}
+    for case, trace in zip(cases, traces, strict=True):
+        units, _ = replay(case, trace, method, t, d)
+        gen = units * case.per_token_s
+        extra = trace.prefill_s if method.model else 0.0
+        for key in (case.kind, "overall"):
+            s = sums.setdefault(key, [0.0, 0.0, 0.0, 0.0])
+            s[0] += case.seconds
+            s[1] += case.first_s + extra + gen
+            s[2] += case.seconds - case.first_s
+            s[3] += gen
+    return {key: (s[0] / s[1], s[2] / s[3]) for key, s in sums.items()}
+
+
+@torch.inference_mode()
+def trace(runner: ModelRunner, case: Case) -> Trace:
+    """The draft model's predictions over ``case``'s answer, given the true context."""
+    runner.reset()
+    start = time.perf_counter()
+    runner.sync(case.prompt[:-1])
+    prefill_s = time.perf_counter() - start
+    fed = [case.prompt[-1], *case.answer[:-1]]
+    predicted: list[int] = []
+    confidence: list[float] = []
+    for at in range(0, len(fed), MAX_ROWS):
+        chunk = fed[at : at + MAX_ROWS]
+        top = runner.forward(chunk, rows=len(chunk)).float().softmax(-1).max(-1)  # [n]
+        predicted += top.indices.tolist()
+        confidence += top.values.tolist()
+    return Trace(predicted, confidence, prefill_s)
+
+
+def draft_costs(runner: ModelRunner, ks: Sequence[int] = (1, 2, 4, 8), reps: int = 9
+                ) -> dict[int, float]:
+    """Median seconds of the draft model's forward over k new tokens, warm cache."""
+    runner.reset()
+    runner.sync(list(range(100, 228)))
+    times: dict[int, list[float]] = {k: [] for k in ks}
+    for _ in range(reps):
+        for k in ks:
+            start = time.perf_counter()
+            runner.forward(list(range(300, 300 + k)), rows=1)
+            times[k].append(time.perf_counter() - start)
+            runner.truncate(128)
+    return {k: sorted(v)[reps // 2] for k, v in times.items()}
+
+
+def load_cases(engine: ChatEngine, results: dict[str, Any]) -> list[Case]:
+    """The benchmark's prompts (re-encoded) with its plain row's answers and times."""
+    plain = next(r for r in results["rows"] if r["name"] == "plain (ours)")
+    prompts = load_prompts(PROMPTS, results["meta"]["prompts"] // len(KINDS))
+    cases = []
+    for prompt, run in zip(prompts, plain["runs"], strict=True):
+        ids = engine.encode([{"role": "user", "content": prompt["prompt"]}])
+        cases.append(Case(run["kind"], ids, run["tokens"], run["seconds"], run["first_s"]))
+    return cases
+
+
+def methods(min_confidences: Sequence[float]) -> list[Method]:
+    out = [Method(f"ngram k={k}", k, lookup="ngram") for k in (3, 4)]
+    out.append(Method("ngram adaptive", None, lookup="ngram"))
+    for c in min_confidences:
+        out += [Method(f"draft k=4 min_conf={c}", 4, model=True, min_confidence=c),
+                Method(f"draft adaptive min_conf={c}", None, model=True, min_confidence=c),
+                Method(f"hybrid adaptive min_conf={c}", None, lookup="suffix", model=True,
+                       min_confidence=c)]
+    return out
+
+
+def table(rows: list[tuple[str, dict[str, tuple[float, float]]]]) -> str:
+    head = "| method | overall | " + " | ".join(KINDS) + " |"
+    lines = [head, "| --- |" + " ---: |" * (len(KINDS) + 1)]
+    for name, pred in rows:
+        cells = [f"{pred[k][0]:.2f}x ({pred[k][1]:.2f}x)" for k in ("overall", *KINDS)]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.replay", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", type=Path, help="a benchmark's JSON file (with its plain row)")
+    parser.add_argument("--min-confidence", default="0.3,0.5,0.8",
+                        help="comma-separated draft-model thresholds to replay")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    results = json.loads(args.results.read_text())
+    target, draft = PROFILES[results["meta"]["profile"]]
+    engine = ChatEngine.load(target, draft)
+    cases = load_cases(engine, results)
+    t1 = verification_costs(engine, ks=(1, 2, 3, 4, 5, 8))
+    t = interpolate({k: v / t1[1] for k, v in t1.items()})
+    model = engine.drafters.get("draft")
+    runner = getattr(model, "runner", None)
+    if runner is None:
+        traces = [Trace([], [], 0.0) for _ in cases]
+        d = interpolate({1: 0.0, 2: 0.0})
+    else:
+        d = interpolate({k: v / t1[1] for k, v in draft_costs(runner).items()})
+        traces = [trace(runner, case) for case in cases]
+    log.info("t(k)/t(1): %s; draft forward / t(1): %s",
+             {k: round(t(k), 2) for k in (1, 2, 4, 5, 8)}, {k: round(d(k), 2) for k in (1, 2, 8)})
+    wanted = [float(c) for c in args.min_confidence.split(",") if c]
+    rows = [(m.name, predict(cases, traces, m, t, d)) for m in methods(wanted)
+            if runner is not None or not m.model]
+    sys.stdout.write("Predicted speedup over plain (after the first token in brackets)\n\n")
+    sys.stdout.write(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.exit(main())
