@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.bench import KINDS, PROMPTS, load_prompts, verification_costs
+from engine.bench import KINDS, PROMPTS, load_prompts
 from engine.drafters.ngram import ngram_lookup
 from engine.drafters.suffix import SuffixDrafter
 from engine.invariant import MAX_ROWS
@@ -198,19 +198,32 @@ def trace(runner: ModelRunner, case: Case) -> Trace:
     return Trace(predicted, confidence, prefill_s)
 
 
-def draft_costs(runner: ModelRunner, ks: Sequence[int] = (1, 2, 4, 8), reps: int = 9
-                ) -> dict[int, float]:
-    """Median seconds of the draft model's forward over k new tokens, warm cache."""
-    runner.reset()
-    runner.sync(list(range(100, 228)))
-    times: dict[int, list[float]] = {k: [] for k in ks}
-    for _ in range(reps):
-        for k in ks:
-            start = time.perf_counter()
-            runner.forward(list(range(300, 300 + k)), rows=1)
-            times[k].append(time.perf_counter() - start)
-            runner.truncate(128)
-    return {k: sorted(v)[reps // 2] for k, v in times.items()}
+def measure_costs(target: ModelRunner, draft: ModelRunner | None, reps: int = 15
+                  ) -> tuple[dict[int, float], dict[int, float]]:
+    """Median seconds of target forwards over k = 1..8 new tokens and of the draft
+    model's (a step, or a catch-up of k tokens), warm 128-token caches. All sizes of
+    both models take turns within each repetition, so a slow spell of the machine falls
+    on every ratio alike."""
+    vocab = min(int(r.model.config.vocab_size) for r in (target, draft) if r is not None)
+    context = [(100 + i) % vocab for i in range(128)]
+    runners: list[tuple[ModelRunner, tuple[int, ...], str]] = [(target, (1, 2, 3, 4, 5, 8), "t")]
+    if draft is not None:
+        runners.append((draft, (1, 2, 4, 8), "d"))
+    times: dict[tuple[str, int], list[float]] = {}
+    for runner, _, _ in runners:
+        runner.reset()
+        runner.sync(context)
+    for rep in range(reps + 1):
+        for runner, ks, tag in runners:
+            for k in ks:
+                start = time.perf_counter()
+                runner.forward([(300 + i) % vocab for i in range(k)], rows=1)
+                if rep:  # the first round warms up
+                    times.setdefault((tag, k), []).append(time.perf_counter() - start)
+                runner.truncate(len(context))
+    median = {key: sorted(v)[reps // 2] for key, v in times.items()}
+    return ({k: v for (tag, k), v in median.items() if tag == "t"},
+            {k: v for (tag, k), v in median.items() if tag == "d"})
 
 
 def load_cases(engine: ChatEngine, results: dict[str, Any]) -> list[Case]:
@@ -256,22 +269,21 @@ def main(argv: list[str] | None = None) -> int:
     target, draft = PROFILES[results["meta"]["profile"]]
     engine = ChatEngine.load(target, draft)
     cases = load_cases(engine, results)
-    t1 = verification_costs(engine, ks=(1, 2, 3, 4, 5, 8))
-    t = interpolate({k: v / t1[1] for k, v in t1.items()})
-    model = engine.drafters.get("draft")
-    runner = getattr(model, "runner", None)
-    if runner is None:
-        traces = [Trace([], [], 0.0) for _ in cases]
-        d = interpolate({1: 0.0, 2: 0.0})
-    else:
-        d = interpolate({k: v / t1[1] for k, v in draft_costs(runner).items()})
-        traces = [trace(runner, case) for case in cases]
-    log.info("t(k)/t(1): %s; draft forward / t(1): %s",
-             {k: round(t(k), 2) for k in (1, 2, 4, 5, 8)}, {k: round(d(k), 2) for k in (1, 2, 8)})
+    runner: ModelRunner | None = getattr(engine.drafters.get("draft"), "runner", None)
+    target_s, draft_s = measure_costs(ModelRunner(engine.target.model), runner)
+    t = interpolate({k: v / target_s[1] for k, v in target_s.items()})
+    d = interpolate({k: v / target_s[1] for k, v in draft_s.items()} or {1: 0.0, 2: 0.0})
+    traces = [trace(runner, case) if runner is not None else Trace([], [], 0.0) for case in cases]
     wanted = [float(c) for c in args.min_confidence.split(",") if c]
     rows = [(m.name, predict(cases, traces, m, t, d)) for m in methods(wanted)
             if runner is not None or not m.model]
-    sys.stdout.write("Predicted speedup over plain (after the first token in brackets)\n\n")
+    sys.stdout.write(
+        f"Costs measured now (t(1) = {target_s[1] * 1e3:.0f} ms): t(k)/t(1) "
+        + ", ".join(f"{k}: {t(k):.2f}" for k in sorted(target_s))
+        + "; draft model forward over k tokens / t(1) "
+        + ", ".join(f"{k}: {d(k):.2f}" for k in sorted(draft_s)) + "\n\n"
+        "Predicted speedup over plain (after the first token in brackets); predictions\n"
+        "move with these costs, so compare settings within one replay.\n\n")
     sys.stdout.write(table(rows))
     return 0
 

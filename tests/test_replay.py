@@ -7,7 +7,17 @@ from engine.decoding import decode
 from engine.drafters.draft_model import DraftModelDrafter
 from engine.drafters.ngram import NgramDrafter
 from engine.models import LoadedModel
-from engine.replay import Case, Method, Trace, interpolate, model_chain, predict, replay, trace
+from engine.replay import (
+    Case,
+    Method,
+    Trace,
+    interpolate,
+    measure_costs,
+    model_chain,
+    predict,
+    replay,
+    trace,
+)
 from engine.runner import ModelRunner
 from engine.sampling import SamplingParams
 from tests.tiny import tiny_model
@@ -74,3 +84,12 @@ def test_a_free_perfect_drafter_is_predicted_k_plus_one_times_faster() -> None:
         "overall"]
     assert generation == pytest.approx(19 / 3)  # 4 passes of 5 tokens, less the first token's
     assert speedup == pytest.approx(21 / (2 + 3))
+
+
+def test_costs_are_measured_for_every_size_of_both_models() -> None:
+    target = ModelRunner(tiny_model("llama", vocab_size=VOCAB, seed=1, scale=4.0))
+    draft = ModelRunner(tiny_model("llama", vocab_size=VOCAB, seed=2, scale=4.0))
+    target_s, draft_s = measure_costs(target, draft, reps=1)
+    assert sorted(target_s) == [1, 2, 3, 4, 5, 8] and sorted(draft_s) == [1, 2, 4, 8]
+    assert all(v > 0 for v in [*target_s.values(), *draft_s.values()])
+    assert measure_costs(target, None, reps=1)[1] == {}
