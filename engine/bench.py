@@ -99,7 +99,8 @@ def load_prompts(path: Path, per_kind: int) -> list[dict[str, str]]:
 
 @contextmanager
 def peak_rss(row: Row) -> Iterator[None]:
-    """Sample this process's RSS every 20 ms while the block runs."""
+    """Sample this process's RSS every 20 ms while the block runs, and at its end (a
+    block shorter than 20 ms gets a sample too)."""
     proc, done = psutil.Process(), threading.Event()
 
     def sample() -> None:
@@ -113,6 +114,7 @@ def peak_rss(row: Row) -> Iterator[None]:
     finally:
         done.set()
         thread.join()
+        row.peak_rss = max(row.peak_rss, proc.memory_info().rss)
 
 
 @dataclass

@@ -162,3 +162,10 @@ def test_verification_costs_time_every_size_and_leave_the_engine_cache_alone() -
     costs = bench.verification_costs(engine, ks=(1, 2, 4), reps=3)
     assert sorted(costs) == [1, 2, 4] and all(c > 0 for c in costs.values())
     assert engine.runner.ids == [5, 6, 7]
+
+
+def test_a_block_shorter_than_the_sampling_interval_still_gets_its_rss() -> None:
+    row = Row("quick")
+    with bench.peak_rss(row):
+        pass
+    assert row.peak_rss > 0
