@@ -15,7 +15,10 @@ predicted faster it stops drafting for a cool-down that doubles on each failed p
 then probes again. ``c`` is measured per draft step: a pass whose drafter first had to
 catch up with more context than the previous pass produced (after plain passes, or
 after a lookup drafted for the hybrid) says nothing about the cost of a step and is not
-counted. A new answer starts from part of the previous answers' acceptance, so one
+counted. ``t(k)`` is kept as the ratio ``t(k) / t(1)`` to the ``t(1)`` of the same
+period (a slow spell of the shared machine moves both), and the share of an asked
+length a drafter really drafts (it stops early when unsure) scales the expected draft
+length. A new answer starts from part of the previous answers' acceptance, so one
 unlucky first pass does not switch drafting off. All functions are pure or depend
 only on the numbers fed to ``update``, so they are tested with synthetic costs.
 """
@@ -66,7 +69,7 @@ class DraftPolicy:
     alpha_prior: float = 0.6
     accepted: float = 0.0
     rejected: float = 0.0
-    draft_cost: float | None = None  # seconds per drafted token
+    draft_cost: float | None = None  # seconds per draft step
     t1: float | None = None  # seconds of a target forward over one token
     ratio: dict[int, float] = field(default_factory=dict)  # tokens fed k -> t(k) / t(1)
     unscaled: dict[int, float] = field(default_factory=dict)  # seconds, before t(1) is known
@@ -101,6 +104,7 @@ class DraftPolicy:
         return (self.t1 or 1.0) * self.ratio_at(k)
 
     def ratio_at(self, k: int) -> float:
+        """``t(k) / t(1)``: measured, else linear between measured sizes (and t(1) = 1)."""
         if k <= 1:
             return 1.0
         if k in self.ratio:
