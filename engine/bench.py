@@ -41,7 +41,7 @@ import platform
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -233,25 +233,36 @@ def llama_cpp_specs(engine: ChatEngine, k: int, max_tokens: int) -> list["RowSpe
     return [(f"{LLAMA_CPP} plain", row(False)), (f"{LLAMA_CPP} prompt lookup k={k}", row(True))]
 
 
+def forward_costs(runners: Sequence[tuple[ModelRunner, tuple[int, ...], bool]], reps: int = 9
+                  ) -> list[dict[int, float]]:
+    """Per ``(runner, ks, verify)``: median seconds of its forward over k new tokens after
+    a warm 128-token cache, with the logits of all k rows (``verify``: as a verification)
+    or of the last (as a catch-up).
+
+    All sizes of all runners take turns within each repetition (after one warm-up
+    round), so a slow spell of the machine falls on all of them instead of on one ratio.
+    """
+    vocab = min(int(runner.model.config.vocab_size) for runner, _, _ in runners)
+    context = [(100 + i) % vocab for i in range(128)]
+    times: list[dict[int, list[float]]] = [{k: [] for k in ks} for _, ks, _ in runners]
+    for runner, _, _ in runners:
+        runner.reset()
+        runner.sync(context)
+    for rep in range(reps + 1):
+        for (runner, ks, verify), timed in zip(runners, times, strict=True):
+            for k in ks:
+                start = time.perf_counter()
+                runner.forward([(300 + i) % vocab for i in range(k)], rows=k if verify else 1)
+                if rep:
+                    timed[k].append(time.perf_counter() - start)
+                runner.truncate(len(context))
+    return [{k: sorted(t)[reps // 2] for k, t in timed.items()} for timed in times]
+
+
 def verification_costs(engine: ChatEngine, ks: tuple[int, ...] = (1, 2, 3, 4, 5, 8),
                        reps: int = 9) -> dict[int, float]:
-    """Median seconds of one target forward over k new tokens after a warm 128-token cache.
-
-    The sizes take turns within each repetition (after one warm-up round), so a slow
-    spell of the machine falls on all of them instead of on one size's ratio.
-    """
-    runner = ModelRunner(engine.target.model)
-    context = list(range(100, 228))
-    runner.sync(context)
-    times: dict[int, list[float]] = {k: [] for k in ks}
-    for rep in range(reps + 1):
-        for k in ks:
-            start = time.perf_counter()
-            runner.forward(list(range(300, 300 + k)), rows=k)
-            if rep:
-                times[k].append(time.perf_counter() - start)
-            runner.truncate(len(context))
-    return {k: sorted(t)[reps // 2] for k, t in times.items()}
+    """Median seconds of one target forward over k new tokens (see :func:`forward_costs`)."""
+    return forward_costs([(ModelRunner(engine.target.model), ks, True)], reps)[0]
 
 
 def copy_bandwidth(megabytes: int = 256) -> float:

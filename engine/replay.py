@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.bench import KINDS, PROMPTS, load_prompts
+from engine.bench import KINDS, PROMPTS, forward_costs, load_prompts
 from engine.drafters.ngram import ngram_lookup
 from engine.drafters.suffix import SuffixDrafter
 from engine.invariant import MAX_ROWS
@@ -200,30 +200,13 @@ def trace(runner: ModelRunner, case: Case) -> Trace:
 
 def measure_costs(target: ModelRunner, draft: ModelRunner | None, reps: int = 15
                   ) -> tuple[dict[int, float], dict[int, float]]:
-    """Median seconds of target forwards over k = 1..8 new tokens and of the draft
-    model's (a step, or a catch-up of k tokens), warm 128-token caches. All sizes of
-    both models take turns within each repetition, so a slow spell of the machine falls
-    on every ratio alike."""
-    vocab = min(int(r.model.config.vocab_size) for r in (target, draft) if r is not None)
-    context = [(100 + i) % vocab for i in range(128)]
-    runners: list[tuple[ModelRunner, tuple[int, ...], str]] = [(target, (1, 2, 3, 4, 5, 8), "t")]
+    """Median seconds of target verifications over k = 1..8 new tokens and of the draft
+    model's forward over k (a step, or a catch-up), taking turns (:func:`forward_costs`)."""
+    runners: list[tuple[ModelRunner, tuple[int, ...], bool]] = [(target, (1, 2, 3, 4, 5, 8), True)]
     if draft is not None:
-        runners.append((draft, (1, 2, 4, 8), "d"))
-    times: dict[tuple[str, int], list[float]] = {}
-    for runner, _, _ in runners:
-        runner.reset()
-        runner.sync(context)
-    for rep in range(reps + 1):
-        for runner, ks, tag in runners:
-            for k in ks:
-                start = time.perf_counter()
-                runner.forward([(300 + i) % vocab for i in range(k)], rows=1)
-                if rep:  # the first round warms up
-                    times.setdefault((tag, k), []).append(time.perf_counter() - start)
-                runner.truncate(len(context))
-    median = {key: sorted(v)[reps // 2] for key, v in times.items()}
-    return ({k: v for (tag, k), v in median.items() if tag == "t"},
-            {k: v for (tag, k), v in median.items() if tag == "d"})
+        runners.append((draft, (1, 2, 4, 8), False))
+    costs = forward_costs(runners, reps)
+    return costs[0], costs[1] if draft is not None else {}
 
 
 def load_cases(engine: ChatEngine, results: dict[str, Any]) -> list[Case]:
