@@ -35,7 +35,7 @@ def _chat(user: str, assistant: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
 
 
-def _first_line(doc: str) -> str:
+def first_line(doc: str) -> str:
     line = doc.strip().split("\n\n")[0].replace("\n", " ").strip().rstrip(".")
     return line[:1].lower() + line[1:]
 
@@ -56,7 +56,7 @@ def _records(module: str, source: str) -> Iterator[list[dict[str, str]]]:
             continue
         kind = "class" if isinstance(node, ast.ClassDef) else "function"
         if len(code) <= MAX_CODE_CHARS:
-            ask = f"Write a Python {kind} `{node.name}` that {_first_line(doc)}."
+            ask = f"Write a Python {kind} `{node.name}` that {first_line(doc)}."
             yield _chat(ask, f"Here is the {kind}:\n\n```python\n{code}\n```")
         yield _chat(f"Explain what `{name}.{node.name}` does.", doc.strip())
 

@@ -76,12 +76,35 @@ class EagleHead(nn.Module):
         return growing_cache(self.decoder.config)
 
     def forward(
-        self, features: torch.Tensor, embeds: torch.Tensor, cache: DynamicCache | None = None
+        self, features: torch.Tensor, embeds: torch.Tensor, cache: DynamicCache | None = None,
+        positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``features``, ``embeds`` ``[B, T, H]`` -> predicted next features ``[B, T, H]``."""
+        """``features``, ``embeds`` ``[B, T, H]`` -> predicted next features ``[B, T, H]``.
+
+        ``positions`` ``[B, T]`` and an additive ``mask`` ``[B, 1, T, T]`` replace the
+        default consecutive positions and causal mask (training-time unrolling)."""
         x = self.fc(torch.cat([features, embeds], dim=-1))  # [B, T, H]
-        out = self.decoder(inputs_embeds=x, cache=cache, use_cache=cache is not None)
+        out = self.decoder(inputs_embeds=x, cache=cache, use_cache=cache is not None,
+                           position_ids=positions, attention_mask=mask)
         return out.last_hidden_state  # [B, T, H]
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def draft_step_layout(n: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions ``[R]`` and additive mask ``[1, 1, R, K]`` of draft step ``step`` (>= 2)
+    over a context of ``n`` rows, for training a head on its own later draft steps.
+
+    The head's cache holds the ``n`` context rows (row ``i`` at position ``i``) and then the
+    rows of steps ``2..step-1``. Step ``s`` has ``R = n - s + 1`` rows: row ``j`` is the draft
+    after context row ``j``, at position ``j + s - 1``; at draft time it attends to context
+    rows ``0..j``, to its own chain's earlier draft rows and to itself, and so it does here.
+    """
+    rows = n - step + 1
+    allowed = [torch.ones(rows, n, dtype=torch.bool).tril()]  # context rows 0..j
+    for s in range(2, step + 1):  # row j of each draft step so far, this one included
+        allowed.append(torch.eye(rows, n - s + 1, dtype=torch.bool))
+    keep = torch.cat(allowed, dim=1)  # [R, K]
+    mask = torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
+    return torch.arange(step - 1, n), mask[None, None]

@@ -1,0 +1,258 @@
+"""The target's own answers as head-training data: ``python -m engine.heads.answers``.
+
+Contract: :func:`prompts` builds a fixed, shuffled list of chat prompts of the four kinds
+the appliance serves (code to write, code to edit, a document to summarise, free chat)
+from the Python standard library's source and from hand-written office topics; none is a
+benchmark or demo prompt. :func:`answer` lets the target answer one prompt greedily (the
+plain loop on a :class:`~engine.runner.ModelRunner`, so the answer is exactly the
+target's) and records, for every position of prompt + answer, the target's final normed
+hidden state and its top-``k`` next-token probabilities: the same labels
+:func:`engine.heads.train.extract` computes, taken from the run itself, so no second
+target pass is needed. The command appends records to ``--out`` (a ``torch.save`` file,
+rewritten atomically every few answers, resumed by a rerun) and the conversations as
+JSON lines to ``--out`` + ``.jsonl``; ``train --answers FILE`` trains on them.
+
+Why: EAGLE heads accept most on text like the target's own output (the head learns to
+predict the target, and the target's answers are what it drafts at run time); the
+standard-library corpus is text the target would not have written.
+"""
+
+import argparse
+import ast
+import json
+import logging
+import random
+import sys
+import sysconfig
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.heads import corpus as corpus_mod
+from engine.runner import ModelRunner
+
+log = logging.getLogger(__name__)
+
+EDITS = (
+    "Add type hints and a short docstring to this code. Show the updated code.",
+    "Rewrite this code so it is easier to read, with clearer variable names. Show the result.",
+    "Add error handling for bad input to this code and explain the change briefly.",
+    "Write pytest unit tests for this code.",
+    "Explain step by step what this code does.",
+    "Add logging calls at the important steps of this code. Show the updated code.",
+)
+WRITES = (
+    "Write a Python {kind} `{name}` that {what}.",
+    "Implement `{name}` in Python: a {kind} that {what}. Show the code.",
+    "I need a Python {kind} called `{name}` that {what}. Can you write it?",
+)
+SUMMARIES = (
+    "Summarise this documentation in a few sentences for a colleague.",
+    "List the main points of this text as short bullets, keeping its exact names.",
+    "What does this text say? Answer in two or three sentences, quoting key terms.",
+)
+TOPICS = (
+    "planning a team offsite", "writing a clear project status update", "running a short "
+    "stand-up meeting", "onboarding a new colleague", "keeping passwords safe",
+    "backing up work files", "naming shared folders", "organising a shared calendar",
+    "giving constructive feedback", "asking for a deadline extension", "reducing paper use "
+    "in the office", "preparing for a job interview", "writing meeting minutes",
+    "handling an upset customer on the phone", "prioritising a long to-do list",
+    "sharing large files with a client", "setting up a second monitor", "choosing a "
+    "strong password", "spotting a phishing email", "taking useful notes", "working from "
+    "home productively", "booking business travel", "planning a budget for a small "
+    "event", "making a spreadsheet easier to read", "writing a polite reminder email",
+    "presenting numbers in a chart", "keeping a desk tidy", "saving energy at work",
+    "reviewing a colleague's document", "learning a new software tool quickly",
+    "avoiding burnout", "running a brainstorming session", "writing a job advertisement",
+    "greeting visitors at reception", "ordering office supplies", "archiving old emails",
+    "explaining a delay to a client", "using version control for documents",
+    "planning a fire drill", "welcoming an intern",
+)
+CHATS = (
+    "Give me three practical tips on {topic}.",
+    "Explain briefly why {topic} matters and how to start.",
+    "Write a short email to my team about {topic}.",
+    "What are common mistakes in {topic}, and how do I avoid them?",
+)
+NAMES = ("Maria Lopez", "Kenji Sato", "Aisha Bello", "Jonas Weber", "Elena Petrova",
+         "Omar Haddad", "Grace Kim", "Lukas Novak", "Sara Jensen", "Ravi Menon")
+SUBJECTS = ("the printer on floor {n}", "the car park", "the new expense form", "room {r}",
+            "the Wi-Fi in building {b}", "the quarterly report", "the summer party")
+DOCUMENT = (
+    "{title}, {day} {month}. From: {a}. To: all staff.\n\n"
+    "Regarding {subject}: from {day} {month} to {day2} {month}, {change}. "
+    "Please contact {b} on extension {ext} with questions. {extra}"
+)
+CHANGES = ("it will be closed for maintenance", "a new booking rule applies",
+           "the opening hours change to 8:00-17:00", "requests go through the help desk",
+           "only badge holders have access")
+EXTRAS = ("Thank you for your patience.", "Reminders will follow by email.",
+          "The previous rules apply again afterwards.", "Late requests cannot be accepted.")
+
+
+@dataclass
+class Record:
+    """One answered prompt: its ids and the target's labels at every position."""
+
+    ids: torch.Tensor  # [T] prompt + answer token ids
+    hidden: torch.Tensor  # [T, H] final normed hidden states (float16)
+    top_ids: torch.Tensor  # [T, K] the target's most likely next tokens
+    top_probs: torch.Tensor  # [T, K] their probabilities (float16)
+
+
+def _code_prompts(rng: random.Random) -> Iterator[tuple[str, str]]:
+    """Write-this and edit-this prompts from the standard library's public functions."""
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    for module in corpus_mod.MODULES:
+        source = (lib / f"{module}.py").read_text(encoding="utf-8")
+        for node in ast.parse(source).body:
+            if not isinstance(node, ast.FunctionDef | ast.ClassDef) or node.name.startswith("_"):
+                continue
+            code = ast.get_source_segment(source, node) or ""
+            doc = ast.get_docstring(node) or ""
+            kind = "class" if isinstance(node, ast.ClassDef) else "function"
+            if len(doc) >= corpus_mod.MIN_DOC_CHARS:
+                what = corpus_mod.first_line(doc)
+                yield "code", rng.choice(WRITES).format(kind=kind, name=node.name, what=what)
+                yield "summary", f"{rng.choice(SUMMARIES)}\n\n{doc.strip()[:1500]}"
+            if 200 <= len(code) <= 1200:
+                yield "edit", f"{rng.choice(EDITS)}\n\n```python\n{code}\n```"
+
+
+def _office_prompts(rng: random.Random) -> Iterator[tuple[str, str]]:
+    """Free-chat questions and short office documents to summarise."""
+    for topic in TOPICS:
+        for template in rng.sample(CHATS, 2):
+            yield "chat", template.format(topic=topic)
+    months = ("March", "April", "May", "June", "September", "October")
+    for _ in range(60):
+        a, b = rng.sample(NAMES, 2)
+        day = rng.randint(1, 20)
+        doc = DOCUMENT.format(
+            title=rng.choice(("Notice", "Memo", "Update")), day=day, day2=day + rng.randint(1, 8),
+            month=rng.choice(months), a=a, b=b, ext=rng.randint(200, 499),
+            subject=rng.choice(SUBJECTS).format(n=rng.randint(1, 5), r=rng.randint(100, 450),
+                                                b=rng.choice("ABCD")),
+            change=rng.choice(CHANGES), extra=rng.choice(EXTRAS))
+        yield "summary", f"{rng.choice(SUMMARIES)}\n\n{doc}"
+
+
+def prompts(seed: int = 0) -> list[tuple[str, str]]:
+    """All prompts as ``(kind, text)``, interleaved by kind, in a fixed order."""
+    rng = random.Random(seed)
+    by_kind: dict[str, list[str]] = {}
+    for kind, text in [*_code_prompts(rng), *_office_prompts(rng)]:
+        by_kind.setdefault(kind, []).append(text)
+    for texts in by_kind.values():
+        rng.shuffle(texts)
+    out: list[tuple[str, str]] = []
+    for i in range(max(len(t) for t in by_kind.values())):
+        out += [(kind, texts[i]) for kind, texts in sorted(by_kind.items()) if i < len(texts)]
+    return out
+
+
+@torch.inference_mode()
+def answer(runner: ModelRunner, prompt: list[int], max_tokens: int, eos_ids: frozenset[int],
+           top_k: int) -> tuple[Record, list[int]]:
+    """The target's greedy answer to ``prompt`` with its labels at every position."""
+    runner.reset()
+    runner.keep_hidden(True)
+    logits = runner.forward(prompt, rows=len(prompt))  # [T, V]
+    tops = [logits.float().softmax(-1).topk(top_k, dim=-1)]
+    answer_ids: list[int] = []
+    while True:
+        token = int(tops[-1].indices[-1, 0])
+        answer_ids.append(token)
+        if token in eos_ids or len(answer_ids) >= max_tokens:
+            break
+        logits = runner.forward([token])  # [1, V]
+        tops.append(logits.float().softmax(-1).topk(top_k, dim=-1))
+    assert runner.hidden is not None  # the last answer token is never fed: it has no feature
+    record = Record(torch.tensor(runner.ids), runner.hidden.to(torch.float16),
+                    torch.cat([t.indices for t in tops]).to(torch.int32),
+                    torch.cat([t.values for t in tops]).to(torch.float16))
+    return record, answer_ids
+
+
+def load_records(path: Path) -> list[Record]:
+    """Records written by this command (empty when the file does not exist yet)."""
+    if not path.is_file():
+        return []
+    try:
+        saved = torch.load(path, weights_only=True)
+        return [Record(**r) for r in saved["records"]]
+    except (OSError, RuntimeError, KeyError, TypeError) as exc:
+        raise SystemExit(f"{path} is not an answers file of this command: {exc}") from exc
+
+
+def save_records(path: Path, records: list[Record]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"records": [vars(r) for r in records]}, tmp)
+    tmp.replace(path)
+
+
+def pack(records: list[Record], seq_len: int) -> dict[str, torch.Tensor]:
+    """Records concatenated and cut into ``[N, seq_len]`` windows (a partial tail dropped),
+    as the fields of :class:`engine.heads.train.Features`."""
+    fields = {name: torch.cat([getattr(r, name) for r in records])
+              for name in ("ids", "hidden", "top_ids", "top_probs")}
+    n = len(fields["ids"]) // seq_len
+    return {name: t[: n * seq_len].reshape(n, seq_len, *t.shape[1:])
+            for name, t in fields.items()}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m engine.heads.answers", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", required=True, help="model name or local model folder")
+    p.add_argument("--out", required=True, type=Path, help="answers file to write or extend")
+    p.add_argument("--prompts", type=int, default=10_000, help="answer at most this many")
+    p.add_argument("--max-tokens", type=int, default=192, help="answer length limit")
+    p.add_argument("--top-k", type=int, default=32)
+    p.add_argument("--save-every", type=int, default=8)
+    p.add_argument("--accel", default="auto")
+    p.add_argument("--data-dir", default=None)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from engine.heads.train import load_target
+
+    loaded = load_target(args.target, args.data_dir, args.accel)
+    runner, tok = ModelRunner(loaded.model), loaded.tokenizer
+    records = load_records(args.out)
+    todo = prompts()[len(records) : args.prompts]
+    started, tokens = time.perf_counter(), 0
+    pending: list[str] = []  # conversations written with the records that hold them
+    with args.out.with_name(args.out.name + ".jsonl").open("a", encoding="utf-8") as text:
+        for i, (kind, prompt) in enumerate(todo):
+            messages = [{"role": "user", "content": prompt}]
+            chat = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            ids = tok.encode(chat, add_special_tokens=False)
+            record, answer_ids = answer(runner, ids, args.max_tokens, loaded.eos_ids, args.top_k)
+            records.append(record)
+            tokens += len(answer_ids)
+            reply = tok.decode(answer_ids, skip_special_tokens=True)
+            pending.append(json.dumps({"kind": kind, "messages": [
+                *messages, {"role": "assistant", "content": reply}]}, ensure_ascii=False))
+            if (i + 1) % args.save_every == 0 or i + 1 == len(todo):
+                save_records(args.out, records)
+                text.write("".join(line + "\n" for line in pending))
+                text.flush()
+                pending.clear()
+            rate = tokens / (time.perf_counter() - started)
+            sys.stderr.write(f"\ranswered {len(records)} prompts ({kind}), "
+                             f"{rate:.1f} answer tok/s ")
+    sys.stderr.write("\n")
+    log.info("%d answers in %s", len(records), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

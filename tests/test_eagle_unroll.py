@@ -1,0 +1,117 @@
+"""Training heads on the target's own answers and on their own later draft steps."""
+
+from pathlib import Path
+
+import torch
+
+from engine.heads import answers, train
+from engine.heads.files import read_info
+from engine.heads.model import EagleHead, HeadConfig, draft_step_layout
+from engine.runner import ModelRunner
+from tests.test_decoding import run
+from tests.test_eagle import random_head
+from tests.tiny import tiny_model
+
+
+def test_draft_step_layout_gives_what_drafting_with_the_cache_gives() -> None:
+    config = HeadConfig(hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8,
+                        intermediate_size=48, rope_theta=10000.0, rms_norm_eps=1e-6,
+                        max_positions=64)
+    torch.manual_seed(0)
+    head = EagleHead(config).eval()
+    n, steps = 7, 3
+    f, e = torch.randn(1, n, 32), torch.randn(1, n + steps, 32)
+    with torch.no_grad():
+        cache = head.new_cache()
+        preds = [head(f, e[:, :n], cache=cache)]  # [1, n, H]
+        for step in range(2, steps + 1):
+            rows = n - step + 1
+            positions, mask = draft_step_layout(n, step)
+            preds.append(head(preds[-1][:, :rows], e[:, step - 1 : step - 1 + rows],
+                              cache=cache, positions=positions[None], mask=mask))
+        for j in range(n - steps + 1):
+            own = head.new_cache()
+            pred = head(f[:, : j + 1], e[:, : j + 1], cache=own)[:, -1:]
+            assert torch.allclose(pred[0, 0], preds[0][0, j], atol=1e-5)
+            for step in range(2, steps + 1):
+                pred = head(pred, e[:, j + step - 1 : j + step], cache=own)
+                assert torch.allclose(pred[0, 0], preds[step - 1][0, j], atol=1e-5), (j, step)
+
+
+def test_an_answer_record_holds_the_greedy_answer_with_its_features() -> None:
+    target = tiny_model("llama", vocab_size=64, seed=1, scale=4.0)
+    prompt = [3, 9, 4, 22, 17]
+    record, answer_ids = answers.answer(ModelRunner(target), prompt, 20, frozenset(), top_k=4)
+    assert answer_ids == run(target, prompt, n=20)
+    assert record.ids.tolist() == prompt + answer_ids[:-1]
+    greedy = record.top_ids[len(prompt) - 1 :, 0].tolist()
+    assert greedy == answer_ids
+    with torch.no_grad():
+        out = target(input_ids=record.ids[None], output_hidden_states=True)
+    assert torch.allclose(record.hidden.float(), out.hidden_states[-1][0].float(), atol=2e-3,
+                          rtol=2e-3)
+    probs = out.logits[0].float().softmax(-1).topk(4, dim=-1).values
+    assert torch.allclose(record.top_probs.float(), probs, atol=2e-3)
+    windows = answers.pack([record, record], seq_len=8)
+    assert windows["ids"].shape == (len(record.ids) * 2 // 8, 8)
+    assert windows["hidden"].shape[:2] == windows["ids"].shape
+    assert windows["ids"].reshape(-1)[: len(record.ids)].tolist() == record.ids.tolist()
+
+
+def reference_chain(head: EagleHead, target: torch.nn.Module, data: train.Features,
+                    steps: int) -> float:
+    """Draft each chain with the head's cache, feeding its own tokens: accepted per chain."""
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    ids, hidden, top = data.ids[0], data.hidden[0].float(), data.top_ids[0, :, 0]
+    n = len(ids) - 1
+    greedy = [int(top[t]) == int(ids[t + 1]) for t in range(n)]
+    accepted = counted = 0
+    with torch.no_grad():
+        for j in range(n - steps):
+            if not greedy[j]:
+                continue
+            counted += 1
+            cache = head.new_cache()
+            pred = head(hidden[None, : j + 1], embed(ids[None, 1 : j + 2]).float(), cache=cache)
+            pred = pred[:, -1:]
+            for step in range(1, steps + 1):
+                token = int(lm_head(pred[0]).argmax(-1))
+                if token != int(top[j + step]) or not greedy[j + step]:
+                    break
+                accepted += 1
+                pred = head(pred, embed(torch.tensor([[token]])).float(), cache=cache)
+    return accepted / counted
+
+
+def test_the_held_out_chain_measure_counts_what_chained_drafting_accepts() -> None:
+    target = tiny_model("llama", vocab_size=12, seed=2, dtype=torch.float32)
+    prompt = [1, 5, 2, 7, 3, 6]
+    record, _ = answers.answer(ModelRunner(target), prompt, 40, frozenset(), top_k=4)
+    data = train.Features(**answers.pack([record], seq_len=len(record.ids)))
+    seen = []
+    for seed in range(3):
+        head = random_head(target, seed=seed)
+        measured = train.held_out_chain(head, target.get_input_embeddings(),
+                                        target.get_output_embeddings(), data, steps=3)
+        assert abs(measured - reference_chain(head, target, data, 3)) < 1e-9
+        seen.append(measured)
+    assert max(seen) > 0.2  # random heads on a 12-token vocabulary do accept some drafts
+
+
+def test_training_on_answers_with_unrolled_steps(tiny_folder: Path, tmp_path: Path) -> None:
+    data = tmp_path / "answers.pt"
+    assert answers.main(["--target", str(tiny_folder), "--out", str(data), "--prompts", "6",
+                         "--max-tokens", "24", "--save-every", "4"]) == 0
+    assert len(answers.load_records(data)) == 6
+    lines = data.with_name(data.name + ".jsonl").read_text().splitlines()
+    assert len(lines) == 6
+    out = tmp_path / "head.safetensors"
+    args = ["--target", str(tiny_folder), "--out", str(out), "--answers", str(data),
+            "--seq-len", "32", "--batch", "4", "--lr", "3e-3", "--held-out", "0.25",
+            "--ce-vocab", "200", "--unroll", "3", "--steps", "20"]
+    assert train.main(args) == 0
+    losses = torch.load(out.with_name(out.name + ".ckpt"), weights_only=True)["losses"]
+    assert sum(losses[-4:]) < sum(losses[:4])
+    info = read_info(out)
+    assert info.extra["unroll"] == 3 and info.extra["corpus"].startswith("target answers")
+    assert 0.0 <= info.extra["held_out_chain_accepted"] <= 4.0
