@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from engine.heads import answers, train
@@ -115,3 +116,11 @@ def test_training_on_answers_with_unrolled_steps(tiny_folder: Path, tmp_path: Pa
     info = read_info(out)
     assert info.extra["unroll"] == 3 and info.extra["corpus"].startswith("target answers")
     assert 0.0 <= info.extra["held_out_chain_accepted"] <= 4.0
+
+
+def test_a_broken_answers_file_gets_a_clear_error(tmp_path: Path) -> None:
+    broken = tmp_path / "answers.pt"
+    broken.write_bytes(b"not a torch file")
+    with pytest.raises(SystemExit, match="not an answers file"):
+        answers.load_records(broken)
+    assert answers.load_records(tmp_path / "none.pt") == []

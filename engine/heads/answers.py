@@ -21,6 +21,7 @@ import argparse
 import ast
 import json
 import logging
+import pickle
 import random
 import sys
 import sysconfig
@@ -185,7 +186,8 @@ def load_records(path: Path) -> list[Record]:
     try:
         saved = torch.load(path, weights_only=True)
         return [Record(**r) for r in saved["records"]]
-    except (OSError, RuntimeError, KeyError, TypeError) as exc:
+    except (OSError, RuntimeError, KeyError, TypeError, ValueError, EOFError,
+            pickle.UnpicklingError) as exc:
         raise SystemExit(f"{path} is not an answers file of this command: {exc}") from exc
 
 
@@ -216,7 +218,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--save-every", type=int, default=8)
     p.add_argument("--accel", default="auto")
     p.add_argument("--data-dir", default=None)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if min(args.prompts, args.max_tokens, args.top_k, args.save_every) < 1:
+        p.error("--prompts, --max-tokens, --top-k and --save-every must be positive")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

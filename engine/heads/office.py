@@ -45,7 +45,8 @@ def train_args(args: argparse.Namespace, out: Path, current: Path | None) -> lis
         "--conversations", str(args.conversations)]
     argv = ["--target", args.target, "--out", str(out), *source,
             "--steps", str(args.steps), "--tokens", str(args.tokens), "--seq-len",
-            str(args.seq_len), "--held-out", str(args.held_out), "--lr", str(args.lr)]
+            str(args.seq_len), "--held-out", str(args.held_out), "--lr", str(args.lr),
+            "--unroll", str(args.unroll)]
     if current is not None:
         argv += ["--init", str(current)]
     if args.data_dir:
@@ -66,6 +67,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--held-out", type=float, default=0.2)
     p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--unroll", type=int, default=2,
+                   help="draft steps trained per position (see engine.heads.train)")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--report", type=Path, default=None, help="write the outcome here (JSON)")
     return p.parse_args(argv)

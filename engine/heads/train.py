@@ -363,7 +363,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--accel", default="auto", help="target acceleration (as the engine runs)")
     p.add_argument("--data-dir", default=None)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.unroll < 1:
+        p.error("--unroll must be at least 1 (1 trains the first draft step only)")
+    return args
 
 
 def load_target(name: str, data_dir: str | None, accel: str) -> Any:
