@@ -124,3 +124,12 @@ def test_a_broken_answers_file_gets_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="not an answers file"):
         answers.load_records(broken)
     assert answers.load_records(tmp_path / "none.pt") == []
+
+
+def test_too_few_answers_get_a_clear_error(tiny_folder: Path, tmp_path: Path) -> None:
+    data = tmp_path / "answers.pt"
+    assert answers.main(["--target", str(tiny_folder), "--out", str(data), "--prompts", "1",
+                         "--max-tokens", "4"]) == 0
+    with pytest.raises(SystemExit, match="too few for two windows"):
+        train.main(["--target", str(tiny_folder), "--out", str(tmp_path / "h.safetensors"),
+                    "--answers", str(data), "--seq-len", "256"])

@@ -20,7 +20,10 @@ the windows) is measured and stored in the file. ``--init HEAD`` fine-tunes an e
 head (its held-out acceptance on the same windows is stored too); ``--history DB`` (the
 app's history file) or ``--conversations FILE`` (the same chats as JSON lines, as the
 worker receives them) train on the office's own conversations instead (see
-:mod:`engine.heads.office`).
+:mod:`engine.heads.office`); ``--answers FILE`` trains on the target's own answers with
+the features recorded while it answered (:mod:`engine.heads.answers`, no target pass
+here). ``--unroll N`` also trains the head on its own draft steps ``2..N``, and the
+held-out figures include the drafts accepted per 4-token greedy chain.
 """
 
 import argparse
@@ -293,6 +296,8 @@ def held_out_chain(head: EagleHead, embed: Any, lm_head: Any, data: Features,
         cache = DynamicCache(config=head.decoder.config)
         pred = head(data.hidden[i : i + 1, :-1].float(), embeds, cache=cache)
         chains = n - steps  # chains after rows j < n - steps can be checked to the end
+        if chains <= 0:
+            continue
         run, alive = torch.zeros(chains, dtype=torch.long), greedy[:chains].clone()
         j = torch.arange(chains)
         for step in range(1, steps + 1):
@@ -401,6 +406,16 @@ def read_conversations(args: argparse.Namespace) -> list[list[dict[str, str]]]:
     return found
 
 
+def answer_features(path: Path, seq_len: int) -> Features:
+    """The target's recorded answers (:mod:`engine.heads.answers`) in windows."""
+    records = answers.load_records(path)
+    held = sum(len(r.ids) for r in records)
+    if held < 2 * seq_len:
+        raise SystemExit(f"{path} holds {held} tokens of answers, too few for two windows of "
+                         f"{seq_len}; answer more prompts first (or lower --seq-len)")
+    return Features(**answers.pack(records, seq_len))
+
+
 def corpus_name(args: argparse.Namespace) -> str:
     if args.answers:
         return f"target answers ({args.answers.name})"
@@ -417,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.answers:
-        data = Features(**answers.pack(answers.load_records(args.answers), args.seq_len))
+        data = answer_features(args.answers, args.seq_len)
     else:
         data = load_features(loaded.model, loaded.tokenizer, args, read_conversations(args),
                              out.with_name(out.name + ".features.pt"))
