@@ -7,14 +7,14 @@ import torch
 
 from engine.heads import answers, train
 from engine.heads.files import read_info
-from engine.heads.model import EagleHead, HeadConfig, draft_step_layout
+from engine.heads.model import EagleHead, HeadConfig, draft_steps
 from engine.runner import ModelRunner
 from tests.test_decoding import run
 from tests.test_eagle import random_head
 from tests.tiny import tiny_model
 
 
-def test_draft_step_layout_gives_what_drafting_with_the_cache_gives() -> None:
+def test_unrolled_draft_steps_give_what_drafting_with_the_cache_gives() -> None:
     config = HeadConfig(hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8,
                         intermediate_size=48, rope_theta=10000.0, rms_norm_eps=1e-6,
                         max_positions=64)
@@ -23,13 +23,7 @@ def test_draft_step_layout_gives_what_drafting_with_the_cache_gives() -> None:
     n, steps = 7, 3
     f, e = torch.randn(1, n, 32), torch.randn(1, n + steps, 32)
     with torch.no_grad():
-        cache = head.new_cache()
-        preds = [head(f, e[:, :n], cache=cache)]  # [1, n, H]
-        for step in range(2, steps + 1):
-            rows = n - step + 1
-            positions, mask = draft_step_layout(n, step)
-            preds.append(head(preds[-1][:, :rows], e[:, step - 1 : step - 1 + rows],
-                              cache=cache, positions=positions[None], mask=mask))
+        preds = list(draft_steps(head, f, e[:, :n], steps))  # step s: [1, n - s + 1, H]
         for j in range(n - steps + 1):
             own = head.new_cache()
             pred = head(f[:, : j + 1], e[:, : j + 1], cache=own)[:, -1:]

@@ -24,7 +24,6 @@ import logging
 import pickle
 import random
 import sys
-import sysconfig
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -107,21 +106,14 @@ class Record:
 
 def _code_prompts(rng: random.Random) -> Iterator[tuple[str, str]]:
     """Write-this and edit-this prompts from the standard library's public functions."""
-    lib = Path(sysconfig.get_paths()["stdlib"])
-    for module in corpus_mod.MODULES:
-        source = (lib / f"{module}.py").read_text(encoding="utf-8")
-        for node in ast.parse(source).body:
-            if not isinstance(node, ast.FunctionDef | ast.ClassDef) or node.name.startswith("_"):
-                continue
-            code = ast.get_source_segment(source, node) or ""
-            doc = ast.get_docstring(node) or ""
-            kind = "class" if isinstance(node, ast.ClassDef) else "function"
-            if len(doc) >= corpus_mod.MIN_DOC_CHARS:
-                what = corpus_mod.first_line(doc)
-                yield "code", rng.choice(WRITES).format(kind=kind, name=node.name, what=what)
-                yield "summary", f"{rng.choice(SUMMARIES)}\n\n{doc.strip()[:1500]}"
-            if 200 <= len(code) <= 1200:
-                yield "edit", f"{rng.choice(EDITS)}\n\n```python\n{code}\n```"
+    for _, source in corpus_mod.module_sources():
+        for d in corpus_mod.definitions(ast.parse(source), source):
+            if len(d.doc) >= corpus_mod.MIN_DOC_CHARS:
+                what = corpus_mod.first_line(d.doc)
+                yield "code", rng.choice(WRITES).format(kind=d.kind, name=d.name, what=what)
+                yield "summary", f"{rng.choice(SUMMARIES)}\n\n{d.doc.strip()[:1500]}"
+            if 200 <= len(d.code) <= 1200:
+                yield "edit", f"{rng.choice(EDITS)}\n\n```python\n{d.code}\n```"
 
 
 def _office_prompts(rng: random.Random) -> Iterator[tuple[str, str]]:

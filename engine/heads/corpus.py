@@ -15,6 +15,7 @@ import json
 import sys
 import sysconfig
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT = Path(__file__).resolve().parent.parent.parent / "assets" / "heads" / "corpus.jsonl"
@@ -40,6 +41,32 @@ def first_line(doc: str) -> str:
     return line[:1].lower() + line[1:]
 
 
+@dataclass(frozen=True)
+class Definition:
+    """A public top-level function or class of a standard-library module."""
+
+    name: str
+    kind: str  # "function" or "class"
+    code: str  # its source text
+    doc: str  # its docstring ("" when it has none)
+
+
+def module_sources() -> Iterator[tuple[str, str]]:
+    """``(module, source text)`` of each of :data:`MODULES`, from this interpreter."""
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    for module in MODULES:
+        yield module, (lib / f"{module}.py").read_text(encoding="utf-8")
+
+
+def definitions(tree: ast.Module, source: str) -> Iterator[Definition]:
+    """The public top-level functions and classes of a parsed module, in source order."""
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef) and not node.name.startswith("_"):
+            kind = "class" if isinstance(node, ast.ClassDef) else "function"
+            yield Definition(node.name, kind, ast.get_source_segment(source, node) or "",
+                             ast.get_docstring(node) or "")
+
+
 def _records(module: str, source: str) -> Iterator[list[dict[str, str]]]:
     """Chat records for one module's source text."""
     tree = ast.parse(source)
@@ -47,26 +74,19 @@ def _records(module: str, source: str) -> Iterator[list[dict[str, str]]]:
     doc = ast.get_docstring(tree)
     if doc and len(doc) >= MIN_DOC_CHARS:
         yield _chat(f"What does the Python module {name} do?", doc.strip())
-    for node in tree.body:
-        if not isinstance(node, ast.FunctionDef | ast.ClassDef) or node.name.startswith("_"):
+    for d in definitions(tree, source):
+        if len(d.doc) < MIN_DOC_CHARS:
             continue
-        doc = ast.get_docstring(node)
-        code = ast.get_source_segment(source, node) or ""
-        if not doc or len(doc) < MIN_DOC_CHARS:
-            continue
-        kind = "class" if isinstance(node, ast.ClassDef) else "function"
-        if len(code) <= MAX_CODE_CHARS:
-            ask = f"Write a Python {kind} `{node.name}` that {first_line(doc)}."
-            yield _chat(ask, f"Here is the {kind}:\n\n```python\n{code}\n```")
-        yield _chat(f"Explain what `{name}.{node.name}` does.", doc.strip())
+        if len(d.code) <= MAX_CODE_CHARS:
+            ask = f"Write a Python {d.kind} `{d.name}` that {first_line(d.doc)}."
+            yield _chat(ask, f"Here is the {d.kind}:\n\n```python\n{d.code}\n```")
+        yield _chat(f"Explain what `{name}.{d.name}` does.", d.doc.strip())
 
 
 def build(out: Path = DEFAULT) -> int:
     """Write the corpus from this interpreter's standard library; return the record count."""
-    lib = Path(sysconfig.get_paths()["stdlib"])
     records: list[list[dict[str, str]]] = []
-    for module in MODULES:
-        source = (lib / f"{module}.py").read_text(encoding="utf-8")
+    for module, source in module_sources():
         records.extend(_records(module, source))
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", encoding="utf-8") as f:

@@ -10,6 +10,7 @@ causal mask, cache handling and a final RMSNorm come with it); its own token
 embedding table has a single unused row.
 """
 
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -108,3 +109,25 @@ def draft_step_layout(n: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     keep = torch.cat(allowed, dim=1)  # [R, K]
     mask = torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
     return torch.arange(step - 1, n), mask[None, None]
+
+
+def draft_steps(head: EagleHead, features: torch.Tensor, embeds: torch.Tensor, steps: int
+                ) -> Iterator[torch.Tensor]:
+    """The head's predicted features at draft steps ``1..steps`` after every context row,
+    as drafting gives them, in one forward per step (training and evaluation).
+
+    ``features`` ``[B, n, H]`` are the context rows' target features, ``embeds`` ``[B, n, H]``
+    the embeddings of the tokens that follow them (step ``s`` of the chain after row ``j``
+    reads ``embeds[:, j + s - 1]``). Step ``s`` yields ``[B, n - s + 1, H]``: row ``j``
+    predicts ``f_{j+s}``. Uses a plain ``DynamicCache``, so gradients flow through it.
+    """
+    n = features.shape[1]
+    cache = DynamicCache(config=head.decoder.config) if steps > 1 else None
+    pred = head(features, embeds, cache=cache)  # [B, n, H]
+    yield pred
+    for step in range(2, min(steps, n) + 1):
+        rows = n - step + 1
+        positions, mask = draft_step_layout(n, step)
+        pred = head(pred[:, :rows], embeds[:, step - 1 : step - 1 + rows], cache=cache,
+                    positions=positions.expand(len(features), -1), mask=mask)
+        yield pred

@@ -38,12 +38,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
 
 from engine.heads import answers, history
 from engine.heads import corpus as corpus_mod
 from engine.heads.files import HeadInfo, load_head, save_head
-from engine.heads.model import EagleHead, HeadConfig, draft_step_layout
+from engine.heads.model import EagleHead, HeadConfig, draft_steps
 
 log = logging.getLogger(__name__)
 
@@ -143,26 +142,18 @@ def batch_losses(head: EagleHead, embed: Any, w_s: torch.Tensor, lookup: torch.T
 
     With ``steps`` > 1 the head is also trained on its own draft steps ``2..steps``: each
     feeds the previous step's predicted features (as drafting does) and attends to the
-    context and its own chain only (:func:`~engine.heads.model.draft_step_layout`); those
+    context and its own chain only (:func:`~engine.heads.model.draft_steps`); those
     steps' losses count ``later_weight`` each against the first step's 1.
     """
     f = batch.hidden.float()  # [B, L, H]
-    n = f.shape[1] - 1
     inputs = f[:, :-1]
     if noise:
         inputs = inputs + (torch.rand_like(inputs) * 2 - 1) * noise
     with torch.no_grad():
-        embeds = embed(batch.ids[:, 1:]).float()  # [B, n, H]
-    cache = DynamicCache(config=head.decoder.config) if steps > 1 else None
-    pred = head(inputs, embeds, cache=cache)  # [B, n, H]: f_{j+1} from context row j
-    losses = [(1.0, *_step_losses(pred, f[:, 1:], w_s, lookup, batch, 1))]
-    for step in range(2, min(steps, n) + 1):
-        rows = n - step + 1
-        positions, mask = draft_step_layout(n, step)
-        pred = head(pred[:, :rows], embeds[:, step - 1 : step - 1 + rows], cache=cache,
-                    positions=positions.expand(len(f), -1), mask=mask)  # f_{j+step}
-        losses.append((later_weight,
-                       *_step_losses(pred, f[:, step:], w_s, lookup, batch, step)))
+        embeds = embed(batch.ids[:, 1:]).float()  # [B, L-1, H]
+    losses = [(1.0 if step == 1 else later_weight,
+               *_step_losses(pred, f[:, step:], w_s, lookup, batch, step))
+              for step, pred in enumerate(draft_steps(head, inputs, embeds, steps), 1)]
     total = sum(w for w, _, _ in losses)
     reg = sum(w * r for w, r, _ in losses) / total
     ce = sum(w * c for w, _, c in losses) / total
@@ -292,20 +283,14 @@ def held_out_chain(head: EagleHead, embed: Any, lm_head: Any, data: Features,
         ids, top = data.ids[i], data.top_ids[i, :, 0].long()  # [L], [L]
         greedy = top[:-1] == ids[1:]  # position t's greedy token is the text's next
         n = len(ids) - 1
-        embeds = embed(ids[None, 1:]).float()  # [1, n, H]
-        cache = DynamicCache(config=head.decoder.config)
-        pred = head(data.hidden[i : i + 1, :-1].float(), embeds, cache=cache)
         chains = n - steps  # chains after rows j < n - steps can be checked to the end
         if chains <= 0:
             continue
+        embeds = embed(ids[None, 1:]).float()  # [1, n, H]
         run, alive = torch.zeros(chains, dtype=torch.long), greedy[:chains].clone()
         j = torch.arange(chains)
-        for step in range(1, steps + 1):
-            if step > 1:
-                positions, mask = draft_step_layout(n, step)
-                rows = n - step + 1
-                pred = head(pred[:, :rows], embeds[:, step - 1 : step - 1 + rows],
-                            cache=cache, positions=positions[None], mask=mask)
+        preds = draft_steps(head, data.hidden[i : i + 1, :-1].float(), embeds, steps)
+        for step, pred in enumerate(preds, 1):
             guess = lm_head(pred[0, :chains]).argmax(-1)  # [chains] drafts at step
             alive &= (guess == top[j + step]) & greedy[j + step]
             run += alive
