@@ -161,34 +161,68 @@ class LeanStep:
         ]
         self.native = native_decoder(model, self.layers)
 
-    def _attention(self, layer: _Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   cache: Cache, index: int, tree: torch.Tensor | None) -> torch.Tensor:
+    def _qkv(self, layer: _Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rotated q, k and v of rows ``h [1, T, H]``, one position each: ``[1, T, heads, Dh]``."""
         t, dh = h.shape[1], layer.attn.head_dim
         if layer.qkv is not None:
             q, k, v = layer.qkv(h)
         else:
             q, k, v = layer.q.forward(h), layer.k.forward(h), layer.v.forward(h)
-        q = q.view(1, t, -1, dh).transpose(1, 2)  # [1, H, T, Dh]
-        k = k.view(1, t, -1, dh).transpose(1, 2)  # [1, Hkv, T, Dh]
-        v = v.view(1, t, -1, dh).transpose(1, 2)
-        c, s = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, T, Dh]
-        q, k = (q * c) + (_rotate_half(q) * s), (k * c) + (_rotate_half(k) * s)
+        q, k, v = (y.view(1, t, -1, dh) for y in (q, k, v))
+        c, s = cos.unsqueeze(2), sin.unsqueeze(2)  # [1, T, 1, Dh]
+        return (q * c) + (_rotate_half(q) * s), (k * c) + (_rotate_half(k) * s), v
+
+    def _attend(self, layer: _Layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                cache: Cache, index: int, tree: torch.Tensor | None) -> torch.Tensor:
+        """One sequence's new rows ``[1, T, heads, Dh]`` into its cache; their attention
+        output ``[1, T, H * Dh]`` (before ``o``)."""
+        t = q.shape[1]
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [1, heads, T, Dh]
         k, v = cache.update(k, v, index)  # [1, Hkv, L, Dh] each
         out, _ = row_attention(layer.attn, q, k, v, None, tree, dropout=0.0,
                                scaling=layer.attn.scaling, sliding_window=None)
-        return layer.o.forward(out.reshape(1, t, -1).contiguous())  # [1, T, H * Dh]
+        return out.reshape(1, t, -1)
+
+    def _mlp(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
+        if layer.gate_up is not None:
+            gate, up = layer.gate_up(h)
+        else:
+            gate, up = layer.gate.forward(h), layer.up.forward(h)
+        return layer.down.forward(layer.act(gate) * up)
 
     def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Cache,
                 tree: torch.Tensor | None) -> torch.Tensor:
         for index, layer in enumerate(self.layers):
-            x = x + self._attention(layer, layer.norm1.forward(x), cos, sin, cache, index, tree)
-            h = layer.norm2.forward(x)
-            if layer.gate_up is not None:
-                gate, up = layer.gate_up(h)
-            else:
-                gate, up = layer.gate.forward(h), layer.up.forward(h)
-            x = x + layer.down.forward(layer.act(gate) * up)
+            q, k, v = self._qkv(layer, layer.norm1.forward(x), cos, sin)
+            x = x + layer.o.forward(self._attend(layer, q, k, v, cache, index, tree).contiguous())
+            x = x + self._mlp(layer, layer.norm2.forward(x))
         return x  # [1, T, H]
+
+    @torch.inference_mode()
+    def batch_step(self, ids: Sequence[int], caches: Sequence[Cache]
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One new token ``ids[b]`` for each of several independent sequences, each after
+        the positions of its own ``caches[b]``: the linear layers and the lm_head run once
+        over all rows (what makes B answers cost far less than B one-row steps), attention
+        runs per sequence over its own cache. Returns logits ``[B, V]`` and final normed
+        hidden states ``[B, H]``. Torch computes the norms, rotary and SiLU here, so the
+        numbers match a one-row :meth:`step` within float32 rounding, not bit for bit."""
+        if not ids or len(ids) != len(caches):
+            raise ValueError(f"a batch step takes one token per cache: {len(ids)} ids, "
+                             f"{len(caches)} caches")
+        x = self.embed.forward(torch.tensor([list(ids)], dtype=torch.long))  # [1, B, H]
+        positions = torch.tensor([[cache.get_seq_length() for cache in caches]])  # [1, B]
+        cos, sin = self.rotary(x, positions)  # [1, B, Dh] each
+        for index, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, layer.norm1.forward(x), cos, sin)  # [1, B, heads, Dh]
+            out = torch.cat([self._attend(layer, q[:, b : b + 1], k[:, b : b + 1],
+                                          v[:, b : b + 1], cache, index, None)
+                             for b, cache in enumerate(caches)], dim=1)  # [1, B, H * Dh]
+            x = x + layer.o.forward(out)
+            x = x + self._mlp(layer, layer.norm2.forward(x))
+        x = self.norm.forward(x)  # [1, B, H]
+        return self.lm_head.forward(x)[0], x[0]
 
     @torch.inference_mode()
     def step(self, ids: list[int], cache: Cache, rows: int, keep: bool,

@@ -1,5 +1,6 @@
 """Training heads on the target's own answers and on their own later draft steps."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from engine.heads.model import EagleHead, HeadConfig, draft_steps
 from engine.runner import ModelRunner
 from tests.test_decoding import run
 from tests.test_eagle import random_head
+from tests.test_fastlinear import NATIVE, accelerated
 from tests.tiny import tiny_model
 
 
@@ -51,6 +53,47 @@ def test_an_answer_record_holds_the_greedy_answer_with_its_features() -> None:
     assert windows["ids"].shape == (len(record.ids) * 2 // 8, 8)
     assert windows["hidden"].shape[:2] == windows["ids"].shape
     assert windows["ids"].reshape(-1)[: len(record.ids)].tolist() == record.ids.tolist()
+
+
+@pytest.mark.parametrize("native", NATIVE)
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_batched_answers_are_the_answers_given_one_by_one(tmp_path: Path, kind: str,
+                                                          native: bool) -> None:
+    target = accelerated(tmp_path, kind, native)  # our int4/int8 layers, as the targets run
+    vocab = int(target.config.vocab_size)
+    prompts = [[3, 9, 4, 22, 17], [5, 1], [8, 30, 2, 2, 41, 12, 7, 19], [vocab - 1]]
+    alone = [answers.answer(ModelRunner(target), p, 16, frozenset(), top_k=4) for p in prompts]
+    eos = frozenset({alone[2][1][5]})  # the third answer (at least) ends early
+    alone = [answers.answer(ModelRunner(target), p, 16, eos, top_k=4) for p in prompts]
+    assert len({len(a) for _, a in alone}) > 1  # the batch shrinks as answers end
+    runners = [ModelRunner(target) for _ in prompts]
+    together = answers.answer_batch(runners, prompts, 16, eos, top_k=4)
+    for (one, one_ids), (many, many_ids) in zip(alone, together, strict=True):
+        assert many_ids == one_ids
+        assert many.ids.tolist() == one.ids.tolist()
+        assert torch.equal(many.top_ids, one.top_ids)
+        assert torch.allclose(many.top_probs.float(), one.top_probs.float(), atol=1e-3)
+        assert torch.allclose(many.hidden.float(), one.hidden.float(), atol=1e-2, rtol=1e-2)
+
+
+def test_a_batch_step_needs_one_token_per_cache(tmp_path: Path) -> None:
+    runner = ModelRunner(accelerated(tmp_path, "llama", native=False))
+    assert runner.lean is not None
+    with pytest.raises(ValueError, match="one token per cache"):
+        runner.lean.batch_step([1, 2], [runner.cache])
+
+
+def test_answers_resume_from_their_first_prompt_only(tiny_folder: Path, tmp_path: Path) -> None:
+    data = tmp_path / "answers.pt"
+    common = ["--target", str(tiny_folder), "--out", str(data), "--max-tokens", "6"]
+    assert answers.main([*common, "--prompts", "2", "--skip", "3", "--batch", "1"]) == 0
+    assert answers.main([*common, "--prompts", "3", "--skip", "3", "--batch", "2"]) == 0
+    lines = data.with_name(data.name + ".jsonl").read_text().splitlines()
+    asked = [json.loads(line)["messages"][0]["content"] for line in lines]
+    assert asked == [text for _, text in answers.prompts()[3:6]]
+    assert len(answers.load_records(data)) == 3
+    with pytest.raises(SystemExit, match="--skip 3"):
+        answers.main([*common, "--prompts", "4"])
 
 
 def reference_chain(head: EagleHead, target: torch.nn.Module, data: train.Features,
