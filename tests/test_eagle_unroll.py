@@ -121,7 +121,17 @@ def reference_chain(head: EagleHead, target: torch.nn.Module, data: train.Featur
     return accepted / counted
 
 
-def test_the_held_out_chain_measure_counts_what_chained_drafting_accepts() -> None:
+def reference_acceptance(head: EagleHead, target: torch.nn.Module, data: train.Features) -> float:
+    """Share of positions whose first draft token (teacher-forced) is the target's greedy."""
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    ids, hidden, top = data.ids[0], data.hidden[0].float(), data.top_ids[0, :, 0]
+    with torch.no_grad():
+        pred = head(hidden[None, :-1], embed(ids[None, 1:]).float())  # [1, n, H]
+        guess = lm_head(pred[0]).argmax(-1)
+    return float((guess == top[1:].long()).float().mean())
+
+
+def test_the_held_out_measures_count_what_chained_drafting_accepts() -> None:
     target = tiny_model("llama", vocab_size=12, seed=2, dtype=torch.float32)
     prompt = [1, 5, 2, 7, 3, 6]
     record, _ = answers.answer(ModelRunner(target), prompt, 40, frozenset(), top_k=4)
@@ -129,11 +139,18 @@ def test_the_held_out_chain_measure_counts_what_chained_drafting_accepts() -> No
     seen = []
     for seed in range(3):
         head = random_head(target, seed=seed)
-        measured = train.held_out_chain(head, target.get_input_embeddings(),
-                                        target.get_output_embeddings(), data, steps=3)
-        assert abs(measured - reference_chain(head, target, data, 3)) < 1e-9
-        seen.append(measured)
+        measured = train.held_out(head, target.get_input_embeddings(),
+                                  target.get_output_embeddings(), data, steps=3)
+        assert abs(measured.chain - reference_chain(head, target, data, 3)) < 1e-9
+        assert abs(measured.acceptance - reference_acceptance(head, target, data)) < 1e-6
+        seen.append(measured.chain)
     assert max(seen) > 0.2  # random heads on a 12-token vocabulary do accept some drafts
+    short = data.subset(slice(0, 1))
+    short = train.Features(short.ids[:, :3], short.hidden[:, :3], short.top_ids[:, :3],
+                           short.top_probs[:, :3])  # too short for a whole chain
+    measured = train.held_out(random_head(target, seed=0), target.get_input_embeddings(),
+                              target.get_output_embeddings(), short, steps=3)
+    assert measured.chain == 0.0 and 0.0 <= measured.acceptance <= 1.0
 
 
 def test_training_on_answers_with_unrolled_steps(tiny_folder: Path, tmp_path: Path) -> None:

@@ -251,52 +251,51 @@ def _save_checkpoint(path: Path, head: EagleHead, opt: Any, step: int,
     tmp.replace(path)
 
 
-@torch.inference_mode()
-def held_out_acceptance(head: EagleHead, embed: Any, lm_head: Any, data: Features) -> float:
-    """Share of held-out positions where the head's first draft token (full ``lm_head``)
-    equals the target's greedy token."""
-    head.eval()
-    hits = total = 0
-    for i in range(len(data)):
-        f = data.hidden[i : i + 1].float()  # [1, L, H]
-        pred = head(f[:, :-1], embed(data.ids[i : i + 1, 1:]).float())  # [1, L-1, H]
-        guess = lm_head(pred[0]).argmax(-1)  # [L-1]
-        hits += int((guess == data.top_ids[i, 1:, 0].long()).sum())
-        total += guess.numel()
-    return hits / max(1, total)
+@dataclass(frozen=True)
+class HeldOut:
+    """What a head accepts on held-out windows."""
+
+    acceptance: float  # share of positions whose first draft token is the target's greedy one
+    chain: float  # drafts accepted per ``steps``-token greedy chain (see :func:`held_out`)
 
 
 @torch.inference_mode()
-def held_out_chain(head: EagleHead, embed: Any, lm_head: Any, data: Features,
-                   steps: int = 4) -> float:
-    """Mean number of drafts accepted from ``steps``-token greedy chains, over held-out
-    positions where the text follows the target's greedy choice (its own answers).
+def held_out(head: EagleHead, embed: Any, lm_head: Any, data: Features, steps: int = 4
+             ) -> HeldOut:
+    """Both held-out measures in one pass over ``data``.
 
-    The chain after context row ``j`` (the head fed ``f_j`` and the next token) drafts the
-    tokens after position ``j + 1``; it counts while each step's token (full ``lm_head``)
-    is the target's greedy token there and the text goes on with it. Teacher-forcing the
-    later steps' tokens changes nothing: they count only while the drafts equal the text.
+    ``acceptance``: at every position, whether the head's first draft token (full
+    ``lm_head``, teacher-forced) equals the target's greedy token. ``chain``: the mean
+    number of drafts accepted from ``steps``-token greedy chains, over the positions where
+    the text follows the target's greedy choice (its own answers). The chain after context
+    row ``j`` (the head fed ``f_j`` and the next token) drafts the tokens after position
+    ``j + 1``; it counts while each step's token is the target's greedy token there and the
+    text goes on with it. Teacher-forcing the later steps' tokens changes nothing: they
+    count only while the drafts equal the text.
     """
     head.eval()
-    accepted = counted = 0
+    hits = total = accepted = counted = 0
     for i in range(len(data)):
         ids, top = data.ids[i], data.top_ids[i, :, 0].long()  # [L], [L]
         greedy = top[:-1] == ids[1:]  # position t's greedy token is the text's next
         n = len(ids) - 1
-        chains = n - steps  # chains after rows j < n - steps can be checked to the end
-        if chains <= 0:
-            continue
+        chains = max(0, n - steps)  # chains after rows j < n - steps can be checked to the end
         embeds = embed(ids[None, 1:]).float()  # [1, n, H]
         run, alive = torch.zeros(chains, dtype=torch.long), greedy[:chains].clone()
         j = torch.arange(chains)
-        preds = draft_steps(head, data.hidden[i : i + 1, :-1].float(), embeds, steps)
+        preds = draft_steps(head, data.hidden[i : i + 1, :-1].float(), embeds,
+                            steps if chains else 1)
         for step, pred in enumerate(preds, 1):
-            guess = lm_head(pred[0, :chains]).argmax(-1)  # [chains] drafts at step
-            alive &= (guess == top[j + step]) & greedy[j + step]
+            rows = n if step == 1 else chains
+            guess = lm_head(pred[0, :rows]).argmax(-1)  # [rows] drafts at step
+            if step == 1:
+                hits += int((guess == top[1:]).sum())
+                total += n
+            alive &= (guess[:chains] == top[j + step]) & greedy[j + step]
             run += alive
         counted += int(greedy[:chains].sum())
         accepted += int(run.sum())
-    return accepted / max(1, counted)
+    return HeldOut(hits / max(1, total), accepted / max(1, counted))
 
 
 def load_features(model: Any, tokenizer: Any, args: argparse.Namespace,
@@ -431,16 +430,17 @@ def main(argv: list[str] | None = None) -> int:
                        out.with_name(out.name + ".ckpt"), args.checkpoint_every, args.unroll,
                        args.later_weight)
     losses = train(setup, train_data)
-    acceptance = held_out_acceptance(head, embed, lm_head, held)
+    measured = held_out(head, embed, lm_head, held)
+    acceptance = measured.acceptance
     extra = {"held_out_tokens": int(held.ids.numel()), "steps": args.steps,
              "ce_vocab": len(vocab), "top_k": args.top_k, "first_loss": losses[0],
              "final_loss": losses[-1], "seconds": round(time.perf_counter() - started),
              "unroll": args.unroll, "corpus": corpus_name(args),
-             "held_out_chain_accepted": round(held_out_chain(head, embed, lm_head, held), 3)}
+             "held_out_chain_accepted": round(measured.chain, 3)}
     if base is not None:
-        extra["init_held_out_acceptance"] = held_out_acceptance(base, embed, lm_head, held)
-        extra["init_held_out_chain_accepted"] = round(
-            held_out_chain(base, embed, lm_head, held), 3)
+        before = held_out(base, embed, lm_head, held)
+        extra["init_held_out_acceptance"] = before.acceptance
+        extra["init_held_out_chain_accepted"] = round(before.chain, 3)
     info = HeadInfo(loaded.name, loaded.sha256, int(embed.num_embeddings), head.config,
                     int(train_data.ids.numel()), round(acceptance, 4), extra)
     save_head(head, info, out)
