@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from engine import kernels
-from engine.drafters.vocab import ShortHead, short_head
+from engine.drafters.vocab import ShortHead, as_int4, short_head
 from engine.fastlinear import Q4Linear, Q8Linear
 
 VOCAB, HIDDEN, SIZE = 96, 64, 40
@@ -48,3 +48,25 @@ def test_a_small_vocabulary_or_an_unknown_layer_is_left_alone() -> None:
 
     odd = Odd()
     assert short_head(odd, [], size=SIZE) is odd
+
+
+@pytest.mark.skipif(not kernels.available(), reason="needs the native kernels (AVX2)")
+def test_an_int4_short_head_rounds_only_the_kept_rows() -> None:
+    torch.manual_seed(3)
+    layer = nn.Linear(HIDDEN, VOCAB, bias=True)
+    short = short_head(layer, extra_ids=[90, 95], size=SIZE, int4=True)
+    assert isinstance(short, ShortHead) and isinstance(short.frequent, Q4Linear)
+    x = torch.randn(3, HIDDEN)
+    full, out = layer(x), short(x)  # [3, V]
+    assert torch.allclose(out[:, [90, 95]], full[:, [90, 95]])  # the named rows stay exact
+    rounded = (out[:, :SIZE] - full[:, :SIZE]).abs().max() / full[:, :SIZE].abs().max()
+    assert 0 < rounded < 0.1  # 4 bits per 32 inputs: close, not equal
+    assert torch.isinf(out[:, SIZE:90]).all()
+    assert isinstance(as_int4(nn.Linear(HIDDEN, SIZE)), Q4Linear)
+
+
+def test_int4_leaves_layers_it_cannot_read_or_run_alone() -> None:
+    odd = nn.Linear(HIDDEN + 1, VOCAB)  # not a multiple of 32 inputs
+    assert as_int4(odd) is odd
+    q8 = Q8Linear.from_weight(torch.randn(VOCAB, HIDDEN)) if kernels.available() else odd
+    assert as_int4(q8) is q8

@@ -7,11 +7,14 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from engine import kernels
 from engine.decoding import decode, prefill_drafter
-from engine.drafters.eagle import EagleDrafter
+from engine.drafters.eagle import EagleDrafter, quantize_head
 from engine.errors import HeadFileError, IncompatibleModelsError
+from engine.fastlinear import Q4Linear
 from engine.heads.files import HeadInfo, load_head, save_head
 from engine.heads.model import EagleHead, HeadConfig
+from engine.lean import native_stack
 from engine.runner import ModelRunner
 from engine.sampling import SamplingParams
 from engine.session import ChatEngine
@@ -47,6 +50,41 @@ def test_greedy_eagle_equals_greedy_plain(kind: str, draft_vocab: int) -> None:
                             max_new_tokens=16, max_context=256, drafter=drafter,
                             num_draft_tokens=2 + i))
         assert [t for s in steps for t in s.tokens] == plain, (prompt, i)
+        drafted += sum(s.drafted for s in steps)
+    assert drafted > 0
+
+
+@pytest.mark.skipif(not kernels.available(), reason="needs the native kernels (AVX2)")
+def test_the_native_head_layer_computes_what_the_head_computes() -> None:
+    target = tiny_model("llama", vocab_size=64, seed=1, scale=4.0, dtype=torch.float32)
+    head = quantize_head(random_head(target, seed=5))
+    stack = native_stack(head.decoder)
+    assert stack is not None
+    ours, theirs = head.new_cache(), head.new_cache()
+    torch.manual_seed(0)
+    for rows in (5, 1, 3, 1):
+        x = torch.randn(1, rows, int(target.config.hidden_size))
+        with torch.inference_mode():
+            a = stack(x.clone(), ours)  # [1, T, H]
+            b = head.decoder(inputs_embeds=x, cache=theirs, use_cache=True).last_hidden_state
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+    assert ours.get_seq_length() == theirs.get_seq_length() == 10
+
+
+@pytest.mark.skipif(not kernels.available(), reason="needs the native kernels (AVX2)")
+def test_greedy_eagle_on_the_fast_draft_path_equals_greedy_plain() -> None:
+    vocab = 64
+    target = tiny_model("qwen2", vocab_size=vocab, seed=1, scale=4.0, dtype=torch.float32)
+    drafter = EagleDrafter(quantize_head(random_head(target, seed=2)), target,
+                           min_confidence=0.0, draft_vocab=40, keep_ids=[vocab - 1],
+                           int4_vocab=True)
+    assert drafter.stack is not None and isinstance(drafter.lm_head.frequent, Q4Linear)
+    drafted = 0
+    for i, prompt in enumerate(prompts(4, vocab, seed=11)):
+        steps = list(decode(ModelRunner(target), prompt, params=SamplingParams(),
+                            max_new_tokens=16, max_context=256, drafter=drafter,
+                            num_draft_tokens=2 + i))
+        assert [t for s in steps for t in s.tokens] == run(target, prompt, n=16), (prompt, i)
         drafted += sum(s.drafted for s in steps)
     assert drafted > 0
 

