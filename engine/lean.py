@@ -20,6 +20,11 @@ rotary, SiLU and the residual adds in C, so the step costs the kernels and littl
 differ from the model's forward within float32 rounding (norm sums, ``exp``), while the
 property speculation rests on holds bit for bit: a k-row step gives each row exactly
 what a one-row step gives (tested).
+
+``batch_step(ids, caches)`` feeds one token to each of several independent sequences at
+once (the linear layers read their weights once for all; answer generation for head
+training uses it). :func:`native_stack` runs a bare decoder stack fed input embeddings
+(an EAGLE head's layer) as one native call per step.
 """
 
 from collections.abc import Callable, Sequence

@@ -15,6 +15,8 @@ from tests.test_eagle import random_head
 from tests.test_fastlinear import NATIVE, accelerated
 from tests.tiny import tiny_model
 
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+
 
 def test_unrolled_draft_steps_give_what_drafting_with_the_cache_gives() -> None:
     config = HeadConfig(hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8,
@@ -187,3 +189,30 @@ def test_too_few_answers_get_a_clear_error(tiny_folder: Path, tmp_path: Path) ->
     with pytest.raises(SystemExit, match="too few for two windows"):
         train.main(["--target", str(tiny_folder), "--out", str(tmp_path / "h.safetensors"),
                     "--answers", str(data), "--seq-len", "256"])
+
+
+def test_answer_files_spread_evenly_through_each_other(tmp_path: Path) -> None:
+    def records(first: int, n: int) -> list[answers.Record]:
+        return [answers.Record(torch.full((4,), first + i), torch.zeros(4, 8, dtype=torch.float16),
+                               torch.zeros(4, 2, dtype=torch.int32),
+                               torch.zeros(4, 2, dtype=torch.float16)) for i in range(n)]
+
+    a, b = tmp_path / "a.pt", tmp_path / "b.pt"
+    answers.save_records(a, records(0, 6))
+    answers.save_records(b, records(100, 3), first=50)
+    data = train.answer_features([a, b], seq_len=4)
+    order = data.ids[:, 0].tolist()
+    assert order == [0, 100, 1, 2, 101, 3, 4, 102, 5]
+
+
+def test_answer_prompts_are_no_benchmark_or_demo_prompts_and_end_with_more_chat() -> None:
+    listed = answers.prompts()
+    assert {kind for kind, _ in listed} == {"code", "edit", "summary", "chat"}
+    more = answers._more_chat_prompts()
+    assert listed[-len(more):] == more and {kind for kind, _ in more} == {"chat"}
+    assert len(set(more)) == len(more) and not set(more) & set(listed[: -len(more)])
+    shipped = set()
+    for name in ("bench", "demo"):
+        saved = json.loads((ASSETS / name / "prompts.json").read_text())
+        shipped |= {p["prompt"] for p in saved["prompts"]}
+    assert shipped and not shipped & {text for _, text in listed}

@@ -82,6 +82,24 @@ CHATS = (
     "Write a short email to my team about {topic}.",
     "What are common mistakes in {topic}, and how do I avoid them?",
 )
+MORE_CHATS = (
+    "How would you explain {topic} to a new colleague in a few sentences?",
+    "Make a short checklist for {topic}.",
+)
+TERMS = (
+    "a VPN", "two-factor authentication", "cloud storage", "an API", "a pivot table",
+    "encryption", "a router", "an incremental backup", "malware", "a database",
+    "an operating system update", "a QR code", "the Bcc field of an email", "a shared drive",
+    "a CSV file", "the browser cache", "single sign-on", "a domain name",
+    "a password manager", "a screen reader", "an IP address", "a ticketing system",
+    "a project roadmap", "a KPI", "a purchase order", "a non-disclosure agreement",
+    "a service level agreement", "version history in a document", "a mail merge",
+    "a video call's screen sharing",
+)
+TERM_CHATS = (
+    "Explain in a few plain sentences what {term} is.",
+    "Why would an office use {term}? Answer briefly with an example.",
+)
 NAMES = ("Maria Lopez", "Kenji Sato", "Aisha Bello", "Jonas Weber", "Elena Petrova",
          "Omar Haddad", "Grace Kim", "Lukas Novak", "Sara Jensen", "Ravi Menon")
 SUBJECTS = ("the printer on floor {n}", "the car park", "the new expense form", "room {r}",
@@ -138,8 +156,18 @@ def _office_prompts(rng: random.Random) -> Iterator[tuple[str, str]]:
         yield "summary", f"{rng.choice(SUMMARIES)}\n\n{doc}"
 
 
+def _more_chat_prompts() -> list[tuple[str, str]]:
+    """Free-chat prompts added later (the first list runs out of them after about 330
+    prompts): kept after the first list so that answers files made from it stay valid."""
+    texts = [t.format(topic=topic) for topic in TOPICS for t in MORE_CHATS]
+    texts += [t.format(term=term) for term in TERMS for t in TERM_CHATS]
+    random.Random(1).shuffle(texts)
+    return [("chat", text) for text in texts]
+
+
 def prompts(seed: int = 0) -> list[tuple[str, str]]:
-    """All prompts as ``(kind, text)``, interleaved by kind, in a fixed order."""
+    """All prompts as ``(kind, text)`` in a fixed order: the first list interleaved by
+    kind, then more free chat (:func:`_more_chat_prompts`)."""
     rng = random.Random(seed)
     by_kind: dict[str, list[str]] = {}
     for kind, text in [*_code_prompts(rng), *_office_prompts(rng)]:
@@ -149,7 +177,7 @@ def prompts(seed: int = 0) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for i in range(max(len(t) for t in by_kind.values())):
         out += [(kind, texts[i]) for kind, texts in sorted(by_kind.items()) if i < len(texts)]
-    return out
+    return out + _more_chat_prompts()
 
 
 @torch.inference_mode()

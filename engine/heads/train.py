@@ -332,8 +332,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="train on the app's SQLite history instead of --corpus")
     office.add_argument("--conversations", type=Path, default=None,
                         help="train on these chats (JSON lines of {\"messages\": [...]})")
-    office.add_argument("--answers", type=Path, default=None,
-                        help="train on the target's own answers (python -m engine.heads.answers)")
+    office.add_argument("--answers", type=Path, nargs="+", default=None,
+                        help="train on the target's own answers (python -m engine.heads.answers;"
+                             " one or more files)")
     p.add_argument("--init", type=Path, default=None, help="head file to fine-tune")
     p.add_argument("--tokens", type=int, default=60000, help="corpus tokens to use")
     p.add_argument("--seq-len", type=int, default=256)
@@ -390,19 +391,26 @@ def read_conversations(args: argparse.Namespace) -> list[list[dict[str, str]]]:
     return found
 
 
-def answer_features(path: Path, seq_len: int) -> Features:
-    """The target's recorded answers (:mod:`engine.heads.answers`) in windows."""
-    records = answers.load_records(path)
+def answer_features(paths: list[Path], seq_len: int) -> Features:
+    """The target's recorded answers (:mod:`engine.heads.answers`) in windows; the records
+    of several files spread evenly through each other (each file's in its own order), so
+    the held-out tail holds some of every file."""
+    spread: list[tuple[float, int, answers.Record]] = []  # (place in its file, file, record)
+    for f, path in enumerate(paths):
+        records = answers.load_records(path)
+        spread += [((i + 0.5) / len(records), f, r) for i, r in enumerate(records)]
+    records = [r for _, _, r in sorted(spread, key=lambda item: item[:2])]
     held = sum(len(r.ids) for r in records)
     if held < 2 * seq_len:
-        raise SystemExit(f"{path} holds {held} tokens of answers, too few for two windows of "
+        names = ", ".join(str(p) for p in paths)
+        raise SystemExit(f"{names} hold {held} tokens of answers, too few for two windows of "
                          f"{seq_len}; answer more prompts first (or lower --seq-len)")
     return Features(**answers.pack(records, seq_len))
 
 
 def corpus_name(args: argparse.Namespace) -> str:
     if args.answers:
-        return f"target answers ({args.answers.name})"
+        return f"target answers ({', '.join(p.name for p in args.answers)})"
     return "office history" if args.history or args.conversations else str(args.corpus.name)
 
 
