@@ -63,7 +63,8 @@ from engine.quant import GGUFWeights, GroupQuant, Q6Blocks
 log = logging.getLogger(__name__)
 
 MODES: tuple[str, ...] = ("off", "fp32", "int4", "int4+int8")
-CACHE_FORMAT = 4  # 2: Q4_K as Q4KLinear; 3: Q6_K as Q6KLinear; 4: Q4_K pair layout, uint8
+CACHE_FORMAT = 5  # 2: Q4_K as Q4KLinear; 3: Q6_K as Q6KLinear; 4: Q4_K pair layout, uint8;
+# 5: Q4_K and Q6_K codes in the kernels' order
 Q4K_INPUTS = 256  # a Q4_K super-block
 _QUANT_LAYERS: dict[str, type[QuantizedLinear]] = {
     c.__name__: c for c in (Int4Linear, Int8Linear, Q4Linear, Q4KLinear, Q6KLinear, Q8Linear)

@@ -267,17 +267,27 @@ class Q4Linear(NativeLinear):
         return w.flatten(1)
 
 
+def kernel_order(t: torch.Tensor) -> torch.Tensor:
+    """``t [..., K]`` with each super-block's 256 inputs in our kernels' order: vector j
+    (32 bytes) holds inputs ``32 g + 4 j + r`` at ``4 g + r`` (see ``kernel_position`` in
+    the C++ file). The order is its own inverse, so this also undoes it."""
+    blocks = t.unflatten(-1, (-1, 8, 8, 4))  # [..., S, g, j, r]
+    return blocks.transpose(-3, -2).flatten(-4)
+
+
 def pack_pairs(q: torch.Tensor) -> torch.Tensor:
-    """Codes ``[N, K]`` (0..15) -> the q4k layout ``[N, K / 2]``: per 64 inputs, byte j
-    holds element j in its low nibble and element 32 + j in its high one (Q4_K's own)."""
-    pairs = q.to(torch.uint8).unflatten(-1, (-1, 2, GROUP))  # [N, K/64, 2, 32]
-    return (pairs[..., 0, :] | (pairs[..., 1, :] << 4)).flatten(1)
+    """Codes ``[N, K]`` (0..15, input order) -> the q4k layout ``[N, K / 2]``: per 256
+    inputs in kernel order (8 vectors of 32), byte j of chunk c holds vector 2c's element j
+    in its low nibble and vector 2c + 1's in its high one."""
+    vectors = kernel_order(q.to(torch.uint8)).unflatten(-1, (-1, 2, GROUP))  # [N, K/64, 2, 32]
+    return (vectors[..., 0, :] | (vectors[..., 1, :] << 4)).flatten(1)
 
 
 def unpack_pairs(codes: torch.Tensor) -> torch.Tensor:
     """The q4k layout ``[N, K / 2]`` -> codes ``[N, K / 32, 32]`` in input order."""
-    blocks = codes.unflatten(-1, (-1, GROUP))  # [N, K/64, 32]
-    return torch.stack([blocks & 0x0F, blocks >> 4], dim=2).flatten(1, 2)
+    chunks = codes.unflatten(-1, (-1, GROUP))  # [N, K/64, 32]
+    vectors = torch.stack([chunks & 0x0F, chunks >> 4], dim=2).flatten(1)  # [N, K] kernel order
+    return kernel_order(vectors).unflatten(-1, (-1, GROUP))
 
 
 class Q4KLinear(NativeLinear):
@@ -285,7 +295,7 @@ class Q4KLinear(NativeLinear):
 
     FORM = "q4k"
     BUFFERS = ("codes", "sc", "mn", "d", "dmin")
-    codes: torch.Tensor  # [N, K / 2] uint8, pairs of 32-groups (pack_pairs)
+    codes: torch.Tensor  # [N, K / 2] uint8, kernel order (pack_pairs)
     sc: torch.Tensor  # [N, K / 32] uint8, 6-bit scales
     mn: torch.Tensor  # [N, K / 32] uint8, 6-bit mins
     d: torch.Tensor  # [N, K / 256] float32
@@ -327,7 +337,7 @@ class Q6KLinear(NativeLinear):
 
     FORM = "q6k"
     BUFFERS = ("q", "sc", "d")
-    q: torch.Tensor  # [N, K] int8, -32..31 (a byte each: cheaper to run than 6-bit packing)
+    q: torch.Tensor  # [N, K] int8, -32..31, kernel order (a byte each: cheaper to run than 6 bits)
     sc: torch.Tensor  # [N, K / 16] int8
     d: torch.Tensor  # [N, K / 256] float32
     bias: torch.Tensor | None  # [N] float32
@@ -339,12 +349,12 @@ class Q6KLinear(NativeLinear):
 
     @classmethod
     def from_blocks(cls, b: Q6Blocks, bias: torch.Tensor | None = None) -> "Q6KLinear":
-        return cls(b.q.contiguous(), b.sc.contiguous(), b.d.float().contiguous(),
+        return cls(kernel_order(b.q).contiguous(), b.sc.contiguous(), b.d.float().contiguous(),
                    _float_bias(bias))
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight ``[N, K]``, computed as gguf-py does (for tests)."""
-        return Q6Blocks(self.q, self.sc, self.d).dequantize()
+        return Q6Blocks(kernel_order(self.q), self.sc, self.d).dequantize()
 
 
 class Q8Linear(NativeLinear):

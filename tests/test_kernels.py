@@ -17,6 +17,7 @@ from engine.fastlinear import (
     Q6KLinear,
     Q8Linear,
     fused,
+    kernel_order,
     pack_pairs,
     unpack_pairs,
 )
@@ -125,14 +126,23 @@ def test_q4_linear_from_groups_packs_nibbles_in_group_halves() -> None:
     assert torch.equal(layer.dequantized(), q.float())
 
 
-def test_q4k_codes_pack_pairs_of_groups_as_the_gguf_does() -> None:
+def test_q4k_codes_pack_super_blocks_in_the_kernel_order() -> None:
     torch.manual_seed(5)
-    q = torch.randint(0, 16, (3, 256), dtype=torch.uint8)
-    codes = pack_pairs(q)  # [3, 128]
-    assert codes.shape == (3, 128)
-    assert all(int(codes[1, 64 + j]) == int(q[1, 128 + j]) | int(q[1, 160 + j]) << 4
-               for j in range(32))
+    q = torch.randint(0, 16, (3, 512), dtype=torch.uint8)
+    codes = pack_pairs(q)  # [3, 256]
+    assert codes.shape == (3, 256)
+    # super-block 1, chunk c, byte 4g + r: inputs 32g + 8c + r (low) and 32g + 8c + 4 + r
+    assert all(int(codes[2, 128 + 32 * c + 4 * g + r])
+               == int(q[2, 256 + 32 * g + 8 * c + r]) | int(q[2, 256 + 32 * g + 8 * c + 4 + r]) << 4
+               for c in range(4) for g in range(8) for r in range(4))
     assert torch.equal(unpack_pairs(codes).flatten(1), q)
+
+
+def test_the_kernel_order_is_a_permutation_and_its_own_inverse() -> None:
+    i = torch.arange(512)
+    order = kernel_order(i)
+    assert sorted(order.tolist()) == i.tolist() and torch.equal(kernel_order(order), i)
+    assert order[32 * 3 + 4 * 5 + 2] == 32 * 5 + 4 * 3 + 2  # vector 3, group 5, byte 2
 
 
 def test_a_failed_build_falls_back_with_a_warning(

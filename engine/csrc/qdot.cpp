@@ -11,15 +11,15 @@
 //   q4: 4-bit codes 0..15, 16 bytes per group of 32 (byte j: element j in the low
 //       nibble, element 16 + j in the high one), and per group a float16 scale and
 //       float16 offset (two [N, K / 32] arrays): w = code * scale + offset.
-//   q4k: Q4_K's own form: 4-bit codes, 32 bytes per pair of 32-groups (byte j: element
-//       j of the first group in the low nibble, element j of the second in the high one,
-//       as the GGUF stores them), per 256 inputs float32 d and dmin, per 32 a 6-bit
-//       scale sc and min mn (uint8 each): w = d*sc*code - dmin*mn.
-//       Its activations are rounded per 256 inputs instead (as llama.cpp's Q8_K), so
-//       the 32-groups of a super-block sum in integers: fewer instructions per row.
+//   q4k: Q4_K's own form: 4-bit codes, 128 bytes per super-block of 256 inputs taken in
+//       kernel order (see kernel_position: what lets 8 groups share one scale multiply),
+//       per 256 inputs float32 d and dmin, per 32 a 6-bit scale sc and min mn (uint8
+//       each): w = d*sc*code - dmin*mn. Its activations are rounded per 256 inputs
+//       instead (as llama.cpp's Q8_K) and stored in the same kernel order.
 //   q6k: Q6_K's own form, its codes as int8 (-32..31, one byte each: unpacking 6-bit
-//       codes costs more here than the bytes it saves), an int8 scale per 16 inputs
-//       and float32 d per 256: w = d * sc * code. Activations rounded per 256 inputs.
+//       codes costs more here than the bytes it saves) in kernel order, an int8 scale
+//       per 16 inputs and float32 d per 256: w = d * sc * code. Activations rounded per
+//       256 inputs.
 //   q8: int8 codes per output row with one float scale: w = code * scale.
 // Threads: OpenMP over output features (the process's one OpenMP runtime, torch's).
 //
@@ -41,6 +41,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 namespace {
 
@@ -199,10 +200,19 @@ void q4_rows(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *sc
     }
 }
 
-constexpr int SUPER = 256;  // inputs per Q4_K super-block
+constexpr int SUPER = 256;  // inputs per Q4_K / Q6_K super-block
+
+// The kernel order of a super-block's inputs, for activations and q4k/q6k weights alike:
+// 8 vectors of 32 bytes, vector j byte 4g + r holding input 32g + 4j + r (g, j 0..7,
+// r 0..3). Then every 16-bit lane of a maddubs product belongs to one 32-group (lanes
+// 2g and 2g + 1 to group g), whichever vector it came from, so the products of all 8
+// vectors add up in 16 bits (|sum| <= 16 * 15 * 127 for q4k) and one madd per
+// super-block applies the 8 groups' scales: 9 multiplies per row instead of 16.
+// (The order is its own inverse: a transpose of 8 x 8 blocks of 4 bytes.)
+inline int kernel_position(int i) { return (i % GROUP / 4) * GROUP + i / GROUP * 4 + i % 4; }
 
 struct QuantRows256 {
-    int8_t *codes;  // [M, K]
+    int8_t *codes;  // [M, K] in kernel order per super-block
     float *scale;   // [M, K / 256], dx per super-block
     int16_t *bsum;  // [M, K / 32], sum of each 32-group's codes
 };
@@ -213,16 +223,19 @@ void quantize_rows_256(const float *x, int M, int K, QuantRows256 q) {
     for (int ms = 0; ms < M * S; ++ms) {
         const float *src = x + (int64_t)ms * SUPER;
         const float d = block_scale(src, SUPER);
+        int8_t codes[SUPER];
         for (int j = 0; j < SUPER / GROUP; ++j) {
-            const int total = round_group(src + j * GROUP, d, q.codes + (int64_t)ms * SUPER + j * GROUP);
+            const int total = round_group(src + j * GROUP, d, codes + j * GROUP);
             q.bsum[(int64_t)ms * (SUPER / GROUP) + j] = (int16_t)total;
         }
+        int8_t *dst = q.codes + (int64_t)ms * SUPER;
+        for (int i = 0; i < SUPER; i += 4) memcpy(dst + kernel_position(i), codes + i, 4);
         q.scale[ms] = d;
     }
 }
 
 struct Q4KWeights {
-    const uint8_t *codes;  // [N, K / 2], pairs of 32-groups (see unpack_q4_pair)
+    const uint8_t *codes;  // [N, K / 2], per super-block 4 x 32 bytes (see unpack_q4_pair)
     const uint8_t *sc;     // [N, K / 32]
     const uint8_t *mn;     // [N, K / 32]
     const float *d;        // [N, K / 256]
@@ -231,9 +244,8 @@ struct Q4KWeights {
 
 constexpr int Q4K_AHEAD = 32 * SUPER / 2;  // bytes of codes: 32 super-blocks
 
-// One Q4_K pair of 32-groups (64 inputs) as 4-bit codes: 32 bytes, the first group in
-// the low nibbles, the second in the high ones (the GGUF's own order): one load and
-// three instructions unpack both.
+// 32 bytes of q4k codes: two kernel-order vectors, the first in the low nibbles, the
+// second in the high ones; one load and three instructions unpack both.
 inline void unpack_q4_pair(const uint8_t *codes, __m256i &first, __m256i &second) {
     const __m256i v = _mm256_loadu_si256((const __m256i *)codes);
     const __m256i mask = _mm256_set1_epi8(0x0F);
@@ -241,11 +253,22 @@ inline void unpack_q4_pair(const uint8_t *codes, __m256i &first, __m256i &second
     second = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
 }
 
+// The 8 groups' scales of a super-block, each in the two 16-bit lanes of its group.
+inline __m256i group_scales(const uint8_t *sc) {
+    const __m128i s = _mm_loadl_epi64((const __m128i *)sc);
+    return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s, s));
+}
+
+// Rows at a time in one pass over a q6k output feature's weights: their sums stay in
+// registers; more rows go round again over the same (by then cached) weights.
+constexpr int BLOCK_ROWS = 4;
+
+// Output feature n of M rows (xq and y start at the first of them).
 template <int M>
-void q4k_rows(const QuantRows256 xq, int K, const Q4KWeights w, const float *bias, float *y,
-              int N, int n0, int n1) {
+inline void q4k_one(const QuantRows256 xq, int K, const Q4KWeights w, const float *bias,
+                    float *y, int N, int n) {
     const int S = K / SUPER, G = K / GROUP;
-    for (int n = n0; n < n1; ++n) {
+    {
         __m256 acc[M];
         __m128 corr[M];  // the mins' term, summed as a vector, reduced once at the end
         for (int m = 0; m < M; ++m) {
@@ -253,31 +276,30 @@ void q4k_rows(const QuantRows256 xq, int K, const Q4KWeights w, const float *bia
             corr[m] = _mm_setzero_ps();
         }
         for (int sb = 0; sb < S; ++sb) {
-            __m256i iacc[M];
-            for (int m = 0; m < M; ++m) iacc[m] = _mm256_setzero_si256();
             const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
-            prefetch((const char *)(w.codes + g0 * (GROUP / 2)) + Q4K_AHEAD, SUPER / 2);
+            const uint8_t *codes = w.codes + g0 * (GROUP / 2);
+            prefetch((const char *)codes + Q4K_AHEAD, SUPER / 2);
             prefetch((const char *)(w.sc + g0) + Q4K_AHEAD / 16, 1);
             prefetch((const char *)(w.mn + g0) + Q4K_AHEAD / 16, 1);
-            for (int j = 0; j < SUPER / GROUP; j += 2) {
-                const int64_t g = g0 + j;
+            __m256i p16[M];  // [16] int16 per row, lanes 2g and 2g + 1 for group g
+            for (int m = 0; m < M; ++m) p16[m] = _mm256_setzero_si256();
+            for (int c = 0; c < SUPER / 64; ++c) {
                 __m256i wq[2];
-                unpack_q4_pair(w.codes + g * (GROUP / 2), wq[0], wq[1]);
-                for (int h = 0; h < 2; ++h) {
-                    const __m256i scale = _mm256_set1_epi16(w.sc[g + h]);
-                    const int64_t k0 = (int64_t)sb * SUPER + (j + h) * GROUP;
-                    for (int m = 0; m < M; ++m) {
-                        const __m256i x = _mm256_loadu_si256((const __m256i *)(xq.codes + m * (int64_t)K + k0));
-                        const __m256i p16 = _mm256_maddubs_epi16(wq[h], x);
-                        iacc[m] = _mm256_add_epi32(iacc[m], _mm256_madd_epi16(p16, scale));
-                    }
+                unpack_q4_pair(codes + c * GROUP, wq[0], wq[1]);
+                for (int m = 0; m < M; ++m) {
+                    const int8_t *x = xq.codes + m * (int64_t)K + sb * SUPER + c * 2 * GROUP;
+                    const __m256i a = _mm256_maddubs_epi16(wq[0], _mm256_loadu_si256((const __m256i *)x));
+                    const __m256i b = _mm256_maddubs_epi16(wq[1], _mm256_loadu_si256((const __m256i *)(x + GROUP)));
+                    p16[m] = _mm256_add_epi16(p16[m], _mm256_add_epi16(a, b));
                 }
             }
+            const __m256i scale = group_scales(w.sc + g0);
             const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(w.mn + g0)));
             const float d = w.d[(int64_t)n * S + sb], dmin = w.dmin[(int64_t)n * S + sb];
             for (int m = 0; m < M; ++m) {
                 const float dx = xq.scale[(int64_t)m * S + sb];
-                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[m]), _mm256_set1_ps(d * dx), acc[m]);
+                const __m256i i32 = _mm256_madd_epi16(p16[m], scale);  // [8] int32, group g in lane g
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_set1_ps(d * dx), acc[m]);
                 const __m128i bs = _mm_loadu_si128((const __m128i *)(xq.bsum + (int64_t)m * G + sb * 8));
                 corr[m] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mins, bs)),
                                        _mm_set1_ps(dmin * dx), corr[m]);
@@ -288,48 +310,82 @@ void q4k_rows(const QuantRows256 xq, int K, const Q4KWeights w, const float *bia
     }
 }
 
+template <int M>
+void q4k_rows(const QuantRows256 xq, int K, const Q4KWeights w, const float *bias, float *y,
+              int N, int n0, int n1) {
+    for (int n = n0; n < n1; ++n) q4k_one<M>(xq, K, w, bias, y, N, n);
+}
+
 struct Q6KWeights {
-    const int8_t *q;   // [N, K]
+    const int8_t *q;   // [N, K] in kernel order per super-block
     const int8_t *sc;  // [N, K / 16]
     const float *d;    // [N, K / 256]
 };
 
 constexpr int Q6_AHEAD = 8 * SUPER;  // bytes of codes: 8 super-blocks
 
+// Q6_K's 16 scales of a super-block (one per 16 inputs), as the lanes of kernel-order
+// vectors 0..3 (half 0: first 16 inputs of each group) or 4..7 (half 1) need them.
+inline __m256i half_scales(__m128i sc16, int half) {
+    const __m128i pick = half ? _mm_setr_epi8(1, 1, 3, 3, 5, 5, 7, 7, 9, 9, 11, 11, 13, 13, 15, 15)
+                              : _mm_setr_epi8(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14);
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc16, pick));
+}
+
 template <int M>
-void q6k_rows(const QuantRows256 xq, int K, const Q6KWeights w, const float *bias, float *y,
-              int N, int n0, int n1) {
+inline void q6k_one(const QuantRows256 xq, int K, const Q6KWeights w, const float *bias,
+                    float *y, int N, int n) {
     const int S = K / SUPER, G = K / GROUP;
-    for (int n = n0; n < n1; ++n) {
+    {
         __m256 acc[M];
         for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
         for (int sb = 0; sb < S; ++sb) {
-            __m256i iacc[M];
-            for (int m = 0; m < M; ++m) iacc[m] = _mm256_setzero_si256();
             const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
-            prefetch((const char *)(w.q + g0 * GROUP) + Q6_AHEAD, SUPER);
+            const int8_t *codes = w.q + g0 * GROUP;
+            prefetch((const char *)codes + Q6_AHEAD, SUPER);
             prefetch((const char *)(w.sc + 2 * g0) + Q6_AHEAD / 16, 1);
-            for (int j = 0; j < SUPER / GROUP; ++j) {
-                const int64_t g = g0 + j;
-                const __m256i wq = _mm256_loadu_si256((const __m256i *)(w.q + g * GROUP));
-                const __m256i w_abs = _mm256_sign_epi8(wq, wq);
-                const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(w.sc[2 * g + 1]),
-                                                       _mm_set1_epi16(w.sc[2 * g]));
-                const int64_t k0 = (int64_t)sb * SUPER + j * GROUP;
-                for (int m = 0; m < M; ++m) {
-                    const __m256i x = _mm256_loadu_si256((const __m256i *)(xq.codes + m * (int64_t)K + k0));
-                    const __m256i p16 = _mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(x, wq));
-                    iacc[m] = _mm256_add_epi32(iacc[m], _mm256_madd_epi16(p16, scale));
+            const __m128i sc16 = _mm_loadu_si128((const __m128i *)(w.sc + 2 * g0));
+            __m256i i32[M];  // [8] int32 per row, group g in lane g
+            for (int m = 0; m < M; ++m) i32[m] = _mm256_setzero_si256();
+            for (int half = 0; half < 2; ++half) {  // 4 vectors add up in 16 bits (<= 16 * 32 * 127)
+                __m256i p16[M];
+                for (int m = 0; m < M; ++m) p16[m] = _mm256_setzero_si256();
+                for (int j = 4 * half; j < 4 * half + 4; ++j) {
+                    const __m256i wq = _mm256_loadu_si256((const __m256i *)(codes + j * GROUP));
+                    const __m256i w_abs = _mm256_sign_epi8(wq, wq);
+                    for (int m = 0; m < M; ++m) {
+                        const __m256i x = _mm256_loadu_si256(
+                            (const __m256i *)(xq.codes + m * (int64_t)K + sb * SUPER + j * GROUP));
+                        p16[m] = _mm256_add_epi16(p16[m], _mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(x, wq)));
+                    }
                 }
+                const __m256i scale = half_scales(sc16, half);
+                for (int m = 0; m < M; ++m) i32[m] = _mm256_add_epi32(i32[m], _mm256_madd_epi16(p16[m], scale));
             }
             const float d = w.d[(int64_t)n * S + sb];
             for (int m = 0; m < M; ++m) {
                 const float dx = xq.scale[(int64_t)m * S + sb];
-                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[m]), _mm256_set1_ps(d * dx), acc[m]);
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32[m]), _mm256_set1_ps(d * dx), acc[m]);
             }
         }
         const float b = bias ? bias[n] : 0.0f;
         for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = hsum(acc[m]) + b;
+    }
+}
+
+// The rows from m0 on, for the next BLOCK_ROWS.
+inline QuantRows256 rows_at(const QuantRows256 &q, int m0, int K) {
+    return {q.codes + m0 * (int64_t)K, q.scale + m0 * (int64_t)(K / SUPER),
+            q.bsum + m0 * (int64_t)(K / GROUP)};
+}
+
+template <int M>
+void q6k_rows(const QuantRows256 xq, int K, const Q6KWeights w, const float *bias, float *y,
+              int N, int n0, int n1) {
+    for (int n = n0; n < n1; ++n) {
+        q6k_one<(M < BLOCK_ROWS ? M : BLOCK_ROWS)>(xq, K, w, bias, y, N, n);
+        if constexpr (M > BLOCK_ROWS)
+            q6k_one<M - BLOCK_ROWS>(rows_at(xq, BLOCK_ROWS, K), K, w, bias, y + BLOCK_ROWS * (int64_t)N, N, n);
     }
 }
 
@@ -520,7 +576,7 @@ struct Scratch {
 
 extern "C" {
 
-int anve_qdot_version(void) { return 11; }
+int anve_qdot_version(void) { return 12; }
 
 // One linear layer of a call: its weight form, N, weight arrays (in the order of the
 // forms above), optional bias [N] and output y [M, N].
