@@ -49,7 +49,7 @@ constexpr int GROUP = 32;
 constexpr int MAX_M = 8;  // rows per pass over the weights; larger inputs loop
 
 struct QuantRows {
-    int8_t *codes;  // [M, K]
+    int8_t *codes;  // [M, K], groups paired (pair_low)
     float *scale;   // [M, G], dx per group
     float *sum;     // [M, G], dx * sum of the group's codes
 };
@@ -78,13 +78,26 @@ inline int round_group(const float *src, float d, int8_t *dst) {
     return total;
 }
 
+// Where group g's 32 activation codes go in a row rounded per 32: groups pair up, (2i, 2i + 1)
+// as [2i: 0..15][2i + 1: 0..15][2i: 16..31][2i + 1: 16..31], the order in which one 32-byte
+// load of the two groups' q4 codes (16 bytes each) unpacks; a last unpaired group keeps
+// input order. Offsets of the group's first and second 16 codes in the row.
+inline int64_t pair_low(int g, int G) {
+    return (g | 1) < G ? (int64_t)(g & ~1) * GROUP + (g & 1) * 16 : (int64_t)g * GROUP;
+}
+inline int64_t pair_high(int g, int G) { return pair_low(g, G) + ((g | 1) < G ? GROUP : 16); }
+
 void quantize_rows(const float *x, int M, int K, QuantRows q) {
     const int G = K / GROUP;
 #pragma omp parallel for schedule(static) if (M * G >= 256)  // a few rows: not worth threads
     for (int mg = 0; mg < M * G; ++mg) {
         const float *src = x + (int64_t)mg * GROUP;
         const float d = block_scale(src, GROUP);
-        const int total = round_group(src, d, q.codes + (int64_t)mg * GROUP);
+        int8_t codes[GROUP];
+        const int total = round_group(src, d, codes);
+        int8_t *row = q.codes + (int64_t)(mg / G) * K;
+        memcpy(row + pair_low(mg % G, G), codes, 16);
+        memcpy(row + pair_high(mg % G, G), codes + 16, 16);
         q.scale[mg] = d;
         q.sum[mg] = d * (float)total;
     }
@@ -157,6 +170,21 @@ inline void prefetch(const char *p, int bytes) {
 
 constexpr int Q4_AHEAD = 8 * 8 * GROUP / 2;  // bytes of codes: 8 blocks of 256 inputs
 
+// Two groups' q4 codes (32 bytes) against one row's paired activations (see pair_low):
+// [8] int32, the first group's dot product in lanes 0..3, the second's in 4..7.
+inline __m256i dot_pair(__m256i low, __m256i high, const int8_t *x) {
+    const __m256i a = _mm256_maddubs_epi16(low, _mm256_loadu_si256((const __m256i *)x));
+    const __m256i b = _mm256_maddubs_epi16(high, _mm256_loadu_si256((const __m256i *)(x + GROUP)));
+    return _mm256_madd_epi16(_mm256_add_epi16(a, b), _mm256_set1_epi16(1));  // |a + b| <= 4 * 15 * 127
+}
+
+inline void unpack_q4_groups(const uint8_t *codes, __m256i &low, __m256i &high) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)codes);
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    low = _mm256_and_si256(v, mask);
+    high = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+}
+
 template <int M>
 void q4_rows(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *scale,
              const uint16_t *offset, const float *bias, float *y, int N, int n0, int n1) {
@@ -175,15 +203,30 @@ void q4_rows(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *sc
             const __m256 s8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(srow + g)));
             for (int m = 0; m < M; ++m)
                 _mm256_store_ps(both[m], _mm256_mul_ps(s8, _mm256_loadu_ps(xq.scale + (int64_t)m * G + g)));
-            for (int j = 0; j < 8; ++j) {
-                const __m256i w = unpack_q4(wrow + (g + j) * (GROUP / 2));
+            for (int j = 0; j < 8; j += 2) {
+                __m256i low, high;
+                unpack_q4_groups(wrow + (g + j) * (GROUP / 2), low, high);
+                const __m256i pick = _mm256_setr_epi32(j, j, j, j, j + 1, j + 1, j + 1, j + 1);
                 for (int m = 0; m < M; ++m) {
-                    const __m256 d = dot_group(w, xq.codes + ((int64_t)m * G + g + j) * GROUP);
-                    acc[m] = _mm256_fmadd_ps(d, _mm256_broadcast_ss(&both[m][j]), acc[m]);
+                    const __m256i d = dot_pair(low, high, xq.codes + ((int64_t)m * G + g + j) * GROUP);
+                    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d),
+                                             _mm256_permutevar8x32_ps(_mm256_load_ps(both[m]), pick), acc[m]);
                 }
             }
         }
-        for (; g < G; ++g) {
+        for (; g + 2 <= G; g += 2) {
+            __m256i low, high;
+            unpack_q4_groups(wrow + g * (GROUP / 2), low, high);
+            const float s0 = _cvtsh_ss(srow[g]), s1 = _cvtsh_ss(srow[g + 1]);
+            for (int m = 0; m < M; ++m) {
+                const int64_t mg = (int64_t)m * G + g;
+                const __m256 both = _mm256_set_m128(_mm_set1_ps(s1 * xq.scale[mg + 1]),
+                                                    _mm_set1_ps(s0 * xq.scale[mg]));
+                const __m256i d = dot_pair(low, high, xq.codes + mg * GROUP);
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), both, acc[m]);
+            }
+        }
+        if (g < G) {  // the last, unpaired group (odd G) is in input order
             const __m256i w = unpack_q4(wrow + g * (GROUP / 2));
             const float s = _cvtsh_ss(srow[g]);
             for (int m = 0; m < M; ++m) {
@@ -400,9 +443,12 @@ void q8_rows(const QuantRows xq, int K, const int8_t *codes, const float *scale,
         for (int g = 0; g < G; ++g) {
             const __m256i w = _mm256_loadu_si256((const __m256i *)(wrow + g * GROUP));
             const __m256i w_abs = _mm256_sign_epi8(w, w);
+            const int64_t low = pair_low(g, G), high = pair_high(g, G);  // paired rows
             for (int m = 0; m < M; ++m) {
                 const int64_t mg = (int64_t)m * G + g;
-                const __m256i x = _mm256_loadu_si256((const __m256i *)(xq.codes + mg * GROUP));
+                const int8_t *row = xq.codes + (int64_t)m * K;
+                const __m256i x = _mm256_loadu2_m128i((const __m128i *)(row + high),
+                                                      (const __m128i *)(row + low));
                 const __m256i p16 = _mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(x, w));
                 const __m256i p32 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
                 acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32),
