@@ -311,46 +311,44 @@ template <int M>
 inline void q4k_one(const QuantRows256 xq, int K, const Q4KWeights w, const float *bias,
                     float *y, int N, int n) {
     const int S = K / SUPER, G = K / GROUP;
-    {
-        __m256 acc[M];
-        __m128 corr[M];  // the mins' term, summed as a vector, reduced once at the end
-        for (int m = 0; m < M; ++m) {
-            acc[m] = _mm256_setzero_ps();
-            corr[m] = _mm_setzero_ps();
-        }
-        for (int sb = 0; sb < S; ++sb) {
-            const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
-            const uint8_t *codes = w.codes + g0 * (GROUP / 2);
-            prefetch((const char *)codes + Q4K_AHEAD, SUPER / 2);
-            prefetch((const char *)(w.sc + g0) + Q4K_AHEAD / 16, 1);
-            prefetch((const char *)(w.mn + g0) + Q4K_AHEAD / 16, 1);
-            __m256i p16[M];  // [16] int16 per row, lanes 2g and 2g + 1 for group g
-            for (int m = 0; m < M; ++m) p16[m] = _mm256_setzero_si256();
-            for (int c = 0; c < SUPER / 64; ++c) {
-                __m256i wq[2];
-                unpack_q4_pair(codes + c * GROUP, wq[0], wq[1]);
-                for (int m = 0; m < M; ++m) {
-                    const int8_t *x = xq.codes + m * (int64_t)K + sb * SUPER + c * 2 * GROUP;
-                    const __m256i a = _mm256_maddubs_epi16(wq[0], _mm256_loadu_si256((const __m256i *)x));
-                    const __m256i b = _mm256_maddubs_epi16(wq[1], _mm256_loadu_si256((const __m256i *)(x + GROUP)));
-                    p16[m] = _mm256_add_epi16(p16[m], _mm256_add_epi16(a, b));
-                }
-            }
-            const __m256i scale = group_scales(w.sc + g0);
-            const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(w.mn + g0)));
-            const float d = w.d[(int64_t)n * S + sb], dmin = w.dmin[(int64_t)n * S + sb];
-            for (int m = 0; m < M; ++m) {
-                const float dx = xq.scale[(int64_t)m * S + sb];
-                const __m256i i32 = _mm256_madd_epi16(p16[m], scale);  // [8] int32, group g in lane g
-                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_set1_ps(d * dx), acc[m]);
-                const __m128i bs = _mm_loadu_si128((const __m128i *)(xq.bsum + (int64_t)m * G + sb * 8));
-                corr[m] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mins, bs)),
-                                       _mm_set1_ps(dmin * dx), corr[m]);
-            }
-        }
-        const float b = bias ? bias[n] : 0.0f;
-        for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = (hsum(acc[m]) - hsum4(corr[m])) + b;
+    __m256 acc[M];
+    __m128 corr[M];  // the mins' term, summed as a vector, reduced once at the end
+    for (int m = 0; m < M; ++m) {
+        acc[m] = _mm256_setzero_ps();
+        corr[m] = _mm_setzero_ps();
     }
+    for (int sb = 0; sb < S; ++sb) {
+        const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
+        const uint8_t *codes = w.codes + g0 * (GROUP / 2);
+        prefetch((const char *)codes + Q4K_AHEAD, SUPER / 2);
+        prefetch((const char *)(w.sc + g0) + Q4K_AHEAD / 16, 1);
+        prefetch((const char *)(w.mn + g0) + Q4K_AHEAD / 16, 1);
+        __m256i p16[M];  // [16] int16 per row, lanes 2g and 2g + 1 for group g
+        for (int m = 0; m < M; ++m) p16[m] = _mm256_setzero_si256();
+        for (int c = 0; c < SUPER / 64; ++c) {
+            __m256i wq[2];
+            unpack_q4_pair(codes + c * GROUP, wq[0], wq[1]);
+            for (int m = 0; m < M; ++m) {
+                const int8_t *x = xq.codes + m * (int64_t)K + sb * SUPER + c * 2 * GROUP;
+                const __m256i a = _mm256_maddubs_epi16(wq[0], _mm256_loadu_si256((const __m256i *)x));
+                const __m256i b = _mm256_maddubs_epi16(wq[1], _mm256_loadu_si256((const __m256i *)(x + GROUP)));
+                p16[m] = _mm256_add_epi16(p16[m], _mm256_add_epi16(a, b));
+            }
+        }
+        const __m256i scale = group_scales(w.sc + g0);
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(w.mn + g0)));
+        const float d = w.d[(int64_t)n * S + sb], dmin = w.dmin[(int64_t)n * S + sb];
+        for (int m = 0; m < M; ++m) {
+            const float dx = xq.scale[(int64_t)m * S + sb];
+            const __m256i i32 = _mm256_madd_epi16(p16[m], scale);  // [8] int32, group g in lane g
+            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_set1_ps(d * dx), acc[m]);
+            const __m128i bs = _mm_loadu_si128((const __m128i *)(xq.bsum + (int64_t)m * G + sb * 8));
+            corr[m] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mins, bs)),
+                                   _mm_set1_ps(dmin * dx), corr[m]);
+        }
+    }
+    const float b = bias ? bias[n] : 0.0f;
+    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = (hsum(acc[m]) - hsum4(corr[m])) + b;
 }
 
 template <int M>
@@ -379,41 +377,39 @@ template <int M>
 inline void q6k_one(const QuantRows256 xq, int K, const Q6KWeights w, const float *bias,
                     float *y, int N, int n) {
     const int S = K / SUPER, G = K / GROUP;
-    {
-        __m256 acc[M];
-        for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
-        for (int sb = 0; sb < S; ++sb) {
-            const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
-            const int8_t *codes = w.q + g0 * GROUP;
-            prefetch((const char *)codes + Q6_AHEAD, SUPER);
-            prefetch((const char *)(w.sc + 2 * g0) + Q6_AHEAD / 16, 1);
-            const __m128i sc16 = _mm_loadu_si128((const __m128i *)(w.sc + 2 * g0));
-            __m256i i32[M];  // [8] int32 per row, group g in lane g
-            for (int m = 0; m < M; ++m) i32[m] = _mm256_setzero_si256();
-            for (int half = 0; half < 2; ++half) {  // 4 vectors add up in 16 bits (<= 16 * 32 * 127)
-                __m256i p16[M];
-                for (int m = 0; m < M; ++m) p16[m] = _mm256_setzero_si256();
-                for (int j = 4 * half; j < 4 * half + 4; ++j) {
-                    const __m256i wq = _mm256_loadu_si256((const __m256i *)(codes + j * GROUP));
-                    const __m256i w_abs = _mm256_sign_epi8(wq, wq);
-                    for (int m = 0; m < M; ++m) {
-                        const __m256i x = _mm256_loadu_si256(
-                            (const __m256i *)(xq.codes + m * (int64_t)K + sb * SUPER + j * GROUP));
-                        p16[m] = _mm256_add_epi16(p16[m], _mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(x, wq)));
-                    }
+    __m256 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
+    for (int sb = 0; sb < S; ++sb) {
+        const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
+        const int8_t *codes = w.q + g0 * GROUP;
+        prefetch((const char *)codes + Q6_AHEAD, SUPER);
+        prefetch((const char *)(w.sc + 2 * g0) + Q6_AHEAD / 16, 1);
+        const __m128i sc16 = _mm_loadu_si128((const __m128i *)(w.sc + 2 * g0));
+        __m256i i32[M];  // [8] int32 per row, group g in lane g
+        for (int m = 0; m < M; ++m) i32[m] = _mm256_setzero_si256();
+        for (int half = 0; half < 2; ++half) {  // 4 vectors add up in 16 bits (<= 16 * 32 * 127)
+            __m256i p16[M];
+            for (int m = 0; m < M; ++m) p16[m] = _mm256_setzero_si256();
+            for (int j = 4 * half; j < 4 * half + 4; ++j) {
+                const __m256i wq = _mm256_loadu_si256((const __m256i *)(codes + j * GROUP));
+                const __m256i w_abs = _mm256_sign_epi8(wq, wq);
+                for (int m = 0; m < M; ++m) {
+                    const __m256i x = _mm256_loadu_si256(
+                        (const __m256i *)(xq.codes + m * (int64_t)K + sb * SUPER + j * GROUP));
+                    p16[m] = _mm256_add_epi16(p16[m], _mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(x, wq)));
                 }
-                const __m256i scale = half_scales(sc16, half);
-                for (int m = 0; m < M; ++m) i32[m] = _mm256_add_epi32(i32[m], _mm256_madd_epi16(p16[m], scale));
             }
-            const float d = w.d[(int64_t)n * S + sb];
-            for (int m = 0; m < M; ++m) {
-                const float dx = xq.scale[(int64_t)m * S + sb];
-                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32[m]), _mm256_set1_ps(d * dx), acc[m]);
-            }
+            const __m256i scale = half_scales(sc16, half);
+            for (int m = 0; m < M; ++m) i32[m] = _mm256_add_epi32(i32[m], _mm256_madd_epi16(p16[m], scale));
         }
-        const float b = bias ? bias[n] : 0.0f;
-        for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = hsum(acc[m]) + b;
+        const float d = w.d[(int64_t)n * S + sb];
+        for (int m = 0; m < M; ++m) {
+            const float dx = xq.scale[(int64_t)m * S + sb];
+            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32[m]), _mm256_set1_ps(d * dx), acc[m]);
+        }
     }
+    const float b = bias ? bias[n] : 0.0f;
+    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = hsum(acc[m]) + b;
 }
 
 // The rows from m0 on, for the next BLOCK_ROWS.
