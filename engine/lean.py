@@ -85,7 +85,6 @@ class NativeDecoder:
             len(layers), int(config.hidden_size), self.heads, self.kv_heads, self.head_dim,
             int(config.intermediate_size), float(layers[0].norm1.variance_epsilon),
             float(attn.scaling), self.structs)
-        self._watch: list[tuple[dict[str, Any], str, Any]] = []
         self._build()
 
     def _build(self) -> None:
@@ -101,15 +100,15 @@ class NativeDecoder:
             struct.qkv[:] = list(qkv.structs)
             struct.gate_up[:] = list(gate_up.structs)
             struct.o, struct.down = o.structs[0], down.structs[0]
-        self._watch = [(module._buffers, name, tensor)
-                       for layer in self.layers
-                       for module in (layer.norm1, layer.norm2, *_linears(layer))
-                       for name, tensor in module._buffers.items()]
-        self._watch += [(module._parameters, "weight", module.weight)
-                        for layer in self.layers for module in (layer.norm1, layer.norm2)]
-        # identities are safe to compare: _watch keeps every watched tensor alive
-        self._registries, self._names, tensors = zip(*self._watch, strict=True)
-        self._ids = tuple(map(id, tensors))
+        watch = [(module._buffers, name, tensor)
+                 for layer in self.layers
+                 for module in (layer.norm1, layer.norm2, *_linears(layer))
+                 for name, tensor in module._buffers.items()]
+        watch += [(module._parameters, "weight", module.weight)
+                  for layer in self.layers for module in (layer.norm1, layer.norm2)]
+        # identities are safe to compare: _tensors keeps every watched tensor alive
+        self._registries, self._names, self._tensors = zip(*watch, strict=True)
+        self._ids = tuple(map(id, self._tensors))
 
     def _unchanged(self) -> bool:
         """Whether every watched registry still holds the very tensor the structs point

@@ -178,11 +178,14 @@ inline __m256i dot_pair(__m256i low, __m256i high, const int8_t *x) {
     return _mm256_madd_epi16(_mm256_add_epi16(a, b), _mm256_set1_epi16(1));  // |a + b| <= 4 * 15 * 127
 }
 
-inline void unpack_q4_groups(const uint8_t *codes, __m256i &low, __m256i &high) {
+// 32 bytes of 4-bit codes as two vectors, the first in the low nibbles, the second in the
+// high ones (q4: two groups' codes; q4k: two kernel-order vectors); one load and three
+// instructions unpack both.
+inline void unpack_q4_pair(const uint8_t *codes, __m256i &first, __m256i &second) {
     const __m256i v = _mm256_loadu_si256((const __m256i *)codes);
     const __m256i mask = _mm256_set1_epi8(0x0F);
-    low = _mm256_and_si256(v, mask);
-    high = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+    first = _mm256_and_si256(v, mask);
+    second = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
 }
 
 template <int M>
@@ -205,7 +208,7 @@ void q4_rows(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *sc
                 _mm256_store_ps(both[m], _mm256_mul_ps(s8, _mm256_loadu_ps(xq.scale + (int64_t)m * G + g)));
             for (int j = 0; j < 8; j += 2) {
                 __m256i low, high;
-                unpack_q4_groups(wrow + (g + j) * (GROUP / 2), low, high);
+                unpack_q4_pair(wrow + (g + j) * (GROUP / 2), low, high);
                 const __m256i pick = _mm256_setr_epi32(j, j, j, j, j + 1, j + 1, j + 1, j + 1);
                 for (int m = 0; m < M; ++m) {
                     const __m256i d = dot_pair(low, high, xq.codes + ((int64_t)m * G + g + j) * GROUP);
@@ -216,7 +219,7 @@ void q4_rows(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *sc
         }
         for (; g + 2 <= G; g += 2) {
             __m256i low, high;
-            unpack_q4_groups(wrow + g * (GROUP / 2), low, high);
+            unpack_q4_pair(wrow + g * (GROUP / 2), low, high);
             const float s0 = _cvtsh_ss(srow[g]), s1 = _cvtsh_ss(srow[g + 1]);
             for (int m = 0; m < M; ++m) {
                 const int64_t mg = (int64_t)m * G + g;
@@ -287,24 +290,11 @@ struct Q4KWeights {
 
 constexpr int Q4K_AHEAD = 32 * SUPER / 2;  // bytes of codes: 32 super-blocks
 
-// 32 bytes of q4k codes: two kernel-order vectors, the first in the low nibbles, the
-// second in the high ones; one load and three instructions unpack both.
-inline void unpack_q4_pair(const uint8_t *codes, __m256i &first, __m256i &second) {
-    const __m256i v = _mm256_loadu_si256((const __m256i *)codes);
-    const __m256i mask = _mm256_set1_epi8(0x0F);
-    first = _mm256_and_si256(v, mask);
-    second = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-}
-
 // The 8 groups' scales of a super-block, each in the two 16-bit lanes of its group.
 inline __m256i group_scales(const uint8_t *sc) {
     const __m128i s = _mm_loadl_epi64((const __m128i *)sc);
     return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s, s));
 }
-
-// Rows at a time in one pass over a q6k output feature's weights: their sums stay in
-// registers; more rows go round again over the same (by then cached) weights.
-constexpr int BLOCK_ROWS = 4;
 
 // Output feature n of M rows (xq and y start at the first of them).
 template <int M>
@@ -412,11 +402,20 @@ inline void q6k_one(const QuantRows256 xq, int K, const Q6KWeights w, const floa
     for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = hsum(acc[m]) + b;
 }
 
-// The rows from m0 on, for the next BLOCK_ROWS.
-inline QuantRows256 rows_at(const QuantRows256 &q, int m0, int K) {
+// The rows from m0 on.
+QuantRows rows_from(const QuantRows &q, int m0, int K) {
+    const int64_t G = K / GROUP;
+    return {q.codes + m0 * (int64_t)K, q.scale + m0 * G, q.sum + m0 * G};
+}
+
+QuantRows256 rows_from(const QuantRows256 &q, int m0, int K) {
     return {q.codes + m0 * (int64_t)K, q.scale + m0 * (int64_t)(K / SUPER),
             q.bsum + m0 * (int64_t)(K / GROUP)};
 }
+
+// Rows at a time in one pass over a q6k output feature's weights: their sums stay in
+// registers; more rows go round again over the same (by then cached) weights.
+constexpr int BLOCK_ROWS = 4;
 
 template <int M>
 void q6k_rows(const QuantRows256 xq, int K, const Q6KWeights w, const float *bias, float *y,
@@ -424,7 +423,7 @@ void q6k_rows(const QuantRows256 xq, int K, const Q6KWeights w, const float *bia
     for (int n = n0; n < n1; ++n) {
         q6k_one<(M < BLOCK_ROWS ? M : BLOCK_ROWS)>(xq, K, w, bias, y, N, n);
         if constexpr (M > BLOCK_ROWS)
-            q6k_one<M - BLOCK_ROWS>(rows_at(xq, BLOCK_ROWS, K), K, w, bias, y + BLOCK_ROWS * (int64_t)N, N, n);
+            q6k_one<M - BLOCK_ROWS>(rows_from(xq, BLOCK_ROWS, K), K, w, bias, y + BLOCK_ROWS * (int64_t)N, N, n);
     }
 }
 
@@ -569,16 +568,6 @@ void rotate(const float *x, const float *c, const float *s, int Dh, float *out) 
 void add_into(float *x, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i += 8)
         _mm256_storeu_ps(x + i, _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-}
-
-QuantRows rows_from(const QuantRows &q, int m0, int K) {
-    const int64_t G = K / GROUP;
-    return {q.codes + m0 * (int64_t)K, q.scale + m0 * G, q.sum + m0 * G};
-}
-
-QuantRows256 rows_from(const QuantRows256 &q, int m0, int K) {
-    return {q.codes + m0 * (int64_t)K, q.scale + m0 * (int64_t)(K / SUPER),
-            q.bsum + m0 * (int64_t)(K / GROUP)};
 }
 
 // One allocation for the rounded activations: codes [M, K], then 2 * M * K / 32 floats.
