@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from engine.bench import KINDS, PROMPTS, forward_costs, load_prompts
+from engine.drafters.draft_model import DRAFT_WINDOW
 from engine.drafters.ngram import ngram_lookup
 from engine.drafters.suffix import SuffixDrafter
 from engine.invariant import MAX_ROWS
@@ -181,11 +182,13 @@ def predict(cases: Sequence[Case], traces: Sequence[Trace], method: Method, t: C
 
 
 @torch.inference_mode()
-def trace(runner: ModelRunner, case: Case) -> Trace:
-    """The draft model's predictions over ``case``'s answer, given the true context."""
+def trace(runner: ModelRunner, case: Case, window: int | None = DRAFT_WINDOW) -> Trace:
+    """The draft model's predictions over ``case``'s answer, given the true context as
+    the drafter reads it (the prompt's last ``window`` tokens on)."""
     runner.reset()
     start = time.perf_counter()
-    runner.sync(case.prompt[:-1])
+    seen = case.prompt if window is None else case.prompt[-window:]
+    runner.sync(seen[:-1])
     prefill_s = time.perf_counter() - start
     fed = [case.prompt[-1], *case.answer[:-1]]
     predicted: list[int] = []

@@ -72,6 +72,7 @@ def test_greedy_speculative_equals_greedy_plain_for_every_drafter(kind: str) -> 
             DraftModelDrafter(loaded(other), vocab),
             DraftModelDrafter(loaded(same), vocab),
             DraftModelDrafter(loaded(same), vocab, draft_vocab=40),  # never drafts ids >= 40
+            DraftModelDrafter(loaded(same), vocab, window=5),  # reads the last 5 prompt tokens
             NgramDrafter(),
             SuffixDrafter([plain[: len(plain) // 2], prompt]),
             HybridDrafter({"suffix": SuffixDrafter([plain[: len(plain) // 3]]),
@@ -221,3 +222,22 @@ def test_a_draft_model_catches_up_with_the_prompt_before_the_first_pass() -> Non
     drafter.runner.forward = lambda ids, rows=1: fed.append(len(ids)) or forward(ids, rows)
     drafter.propose(prompt, 3, SamplingParams(), torch.Generator())
     assert fed == [1, 1, 1]  # the prompt's last token, then one per further draft token
+
+
+def test_the_draft_model_reads_a_window_of_a_long_prompt() -> None:
+    drafter = DraftModelDrafter(loaded(tiny_model("llama", vocab_size=64, seed=2)), 64,
+                                min_confidence=0.0, window=8)
+    prompt = list(range(3, 33))  # [30]
+    prefill_drafter(drafter, ModelRunner(tiny_model("llama", vocab_size=64, seed=1)), prompt)
+    assert drafter.runner.ids == prompt[22:29]  # the last 8 but the one propose feeds
+    params, generator = SamplingParams(), torch.Generator()
+    first = drafter.propose(prompt, 3, params, generator)
+    assert first.catch_up == 1 and drafter.start == 22
+    context = [*prompt, *first.tokens, 40]  # the drafts accepted: the window keeps its start
+    assert drafter.propose(context, 3, params, generator).catch_up == 2
+    assert drafter.start == 22 and drafter.runner.ids[:4] == prompt[22:26]
+    context += list(range(5, 20))  # a next message longer than the window: read its end only
+    assert drafter.propose(context, 3, params, generator).catch_up == 8
+    assert drafter.start == len(context) - 8 and drafter.runner.ids[:8] == context[-8:]
+    with pytest.raises(ValueError, match="window"):
+        DraftModelDrafter(loaded(tiny_model("llama", vocab_size=64, seed=2)), 64, window=0)
