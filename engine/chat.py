@@ -126,7 +126,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile", choices=sorted(PROFILES), default="appliance")
     parser.add_argument("--target", help="named model, model folder or .gguf (overrides profile)")
     parser.add_argument("--draft", help="draft model: name, folder or .gguf")
-    parser.add_argument("--method", choices=METHODS, help="drafting method (default: best loaded)")
+    parser.add_argument("--method", choices=METHODS, help="drafting method (default: ngram)")
     parser.add_argument("--num-draft-tokens", type=draft_length, default="adaptive",
                         help="draft length 1..16 or \"adaptive\" (default)")
     parser.add_argument("--max-tokens", type=int, default=512)

@@ -47,6 +47,14 @@ def test_methods_give_identical_greedy_answers_with_stats(engine: ChatEngine) ->
         assert s.time_to_first_token_s is not None and s.tokens_per_second
 
 
+def test_engines_start_with_ngram_lookup_unless_told_otherwise(engine: ChatEngine) -> None:
+    assert engine.method == "ngram" and "draft" in engine.methods
+    _, done = answer(engine, max_tokens=8)
+    assert done.stats.method == "ngram"
+    chosen = ChatEngine(engine.target, engine.draft, method="draft")
+    assert chosen.method == "draft"
+
+
 def test_pieces_mark_text_from_accepted_drafts(engine: ChatEngine) -> None:
     chunks, done = answer(engine, method="draft", max_tokens=30)
     pieces = [p for c in chunks for p in c.pieces]

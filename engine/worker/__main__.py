@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", choices=sorted(PROFILES), default="appliance")
     p.add_argument("--target", help="target model: a name, a folder or a .gguf file")
     p.add_argument("--draft", help="draft model (with --target; default: the profile's)")
-    p.add_argument("--method", choices=METHODS, help="initial drafting method")
+    p.add_argument("--method", choices=METHODS,
+                   help="initial drafting method (default: ngram, adaptive)")
     p.add_argument("--num-draft-tokens", help="1..16 or 'adaptive' (default: the engine's)")
     p.add_argument("--load-threshold", type=int, default=2,
                    help="switch speculation off for new requests when more would wait")
