@@ -9,9 +9,16 @@ knows only token ids.
 With ``keep_hidden(True)`` the runner also keeps, for every cached position, the
 target's final normed hidden state (the feature that feeds ``lm_head``), which EAGLE
 heads draft from; plain decoding leaves it off and pays nothing for it.
+
+:meth:`resume` keeps the caches of a few other conversations ("parked"): when a prompt
+shares more with a parked cache than with the current one, the two swap, so a staff
+member coming back to a chat after someone else's question does not wait for the whole
+conversation to be processed again (~21 ms a token for the 1.5B target on this CPU:
+a 1,000-token chat is 20 s before the first new token).
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,6 +28,26 @@ from engine.kvcache import GrowingLayer, growing_cache
 from engine.lean import lean_step
 
 PREFILL_CHUNK = 512  # tokens per forward when filling the cache with a long prompt
+PARKED = 4  # other conversations' caches kept by resume
+PARKED_TOKENS = 16384  # positions they may hold together (Qwen 1.5B: 56 KiB each)
+
+
+def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of ``a`` and ``b``."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+@dataclass
+class Parked:
+    """A cache set aside by :meth:`ModelRunner.resume`, with what it covers."""
+
+    ids: list[int]
+    cache: Any
+    hidden: torch.Tensor | None
 
 
 class ModelRunner:
@@ -31,6 +58,7 @@ class ModelRunner:
         self.ids: list[int] = []
         self.cache = growing_cache(model.config)
         self.hidden: torch.Tensor | None = None  # [len(ids), H] while keeping features
+        self.parked: list[Parked] = []  # most recently parked first
         # short forwards without transformers' plumbing (with lm_head in place of the
         # model's own, e.g. a drafter's short head; longer forwards keep the model's)
         self.lean = lean_step(model, lm_head)
@@ -40,11 +68,7 @@ class ModelRunner:
 
     def common_prefix(self, ids: Sequence[int]) -> int:
         """Length of the longest shared prefix of the cached ids and ``ids``."""
-        n = min(len(self.ids), len(ids))
-        for i in range(n):
-            if self.ids[i] != ids[i]:
-                return i
-        return n
+        return shared_prefix(self.ids, ids)
 
     def truncate(self, length: int) -> None:
         """Drop cached positions beyond ``length`` (rollback by cropping)."""
@@ -56,10 +80,42 @@ class ModelRunner:
             self.hidden = self.hidden[: len(self.ids)]
 
     def reset(self) -> None:
+        """Forget every cached position, parked caches included."""
         self.ids = []
         self.cache = growing_cache(self.model.config)
+        self.parked = []
         if self.hidden is not None:
             self.hidden = self.hidden[:0]
+
+    def resume(self, ids: Sequence[int]) -> int:
+        """Continue from the cache that shares most of ``ids``: the current one or a parked
+        one (they swap). When the winner keeps less than half of the current cache (another
+        conversation), the current one is parked and a fresh one started instead of cutting
+        it down. Returns how many of ``ids`` are cached now; :meth:`sync` feeds the rest."""
+        shared = self.common_prefix(ids)
+        best = max(range(len(self.parked)), default=None,
+                   key=lambda i: shared_prefix(self.parked[i].ids, ids))
+        parked = 0 if best is None else shared_prefix(self.parked[best].ids, ids)
+        keeping = self.hidden is not None
+        if best is not None and parked > shared \
+                and (self.parked[best].hidden is not None) == keeping:
+            chosen = self.parked.pop(best)
+            self._park()
+            self.ids, self.cache, self.hidden = chosen.ids, chosen.cache, chosen.hidden
+            return parked
+        if 2 * shared < len(self.ids):
+            self._park()
+            self.ids, self.cache = [], growing_cache(self.model.config)
+            self.hidden = None if not keeping else self.hidden[:0]
+            return 0
+        return shared
+
+    def _park(self) -> None:
+        """Set the current cache aside (most recent first), dropping the oldest over budget."""
+        if self.ids:
+            self.parked.insert(0, Parked(self.ids, self.cache, self.hidden))
+        while len(self.parked) > PARKED or sum(len(p.ids) for p in self.parked) > PARKED_TOKENS:
+            self.parked.pop()
 
     def keep_hidden(self, keep: bool) -> None:
         """Start or stop keeping features; positions cached without one are dropped."""

@@ -62,3 +62,45 @@ def test_keep_moves_the_kept_rows_down_and_refuses_bad_rows() -> None:
         with pytest.raises(ValueError, match="ascend"):
             layer.keep(2, rows)
     assert layer.keys.shape[-2] == 5
+
+
+def counting(runner: ModelRunner) -> list[int]:
+    """Record how many ids each forward of ``runner`` feeds."""
+    fed: list[int] = []
+    forward = runner.forward
+    runner.forward = lambda ids, rows=1: fed.append(len(ids)) or forward(ids, rows)  # type: ignore[method-assign]
+    return fed
+
+
+def test_resume_swaps_in_the_parked_cache_of_a_conversation_that_comes_back() -> None:
+    model = tiny_model("llama", vocab_size=64, seed=1)
+    runner, fresh = ModelRunner(model), ModelRunner(model)
+    a, b = list(range(3, 43)), [5, 9, 11, *range(20, 50)]  # [40], [33]
+    fed = counting(runner)
+    for ids in (a, b):
+        assert runner.resume(ids) == 0  # b keeps nothing of a: a is parked, not cut down
+        runner.sync(ids)
+    assert [p.ids for p in runner.parked] == [a]
+    follow_up = [*a, 60, 61, 62]
+    assert runner.resume(follow_up) == len(a) and runner.ids == a  # swapped back
+    assert [p.ids for p in runner.parked] == [b]
+    logits = runner.sync(follow_up)
+    assert fed == [40, 33, 3]  # a, b, then only a's three new tokens
+    assert logits is not None and torch.allclose(logits, fresh.sync(follow_up))
+    assert runner.resume(follow_up[:30]) == 30 and runner.parked[0].ids == b  # same chat: cut
+    runner.reset()
+    assert runner.parked == [] and runner.ids == []
+
+
+def test_parked_caches_are_bounded_in_number_and_positions(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("engine.runner.PARKED", 2)
+    monkeypatch.setattr("engine.runner.PARKED_TOKENS", 25)
+    runner = ModelRunner(tiny_model("llama", vocab_size=64, seed=1))
+    chats = [[start, *range(10, 20)] for start in (3, 4, 5, 6)]  # [11] each
+    for ids in chats:
+        runner.resume(ids)
+        runner.sync(ids)
+    assert [p.ids for p in runner.parked] == [chats[2], chats[1]]  # the newest two
+    monkeypatch.setattr("engine.runner.PARKED_TOKENS", 15)
+    runner.resume(chats[0])
+    assert [p.ids for p in runner.parked] == [chats[3]]  # two would hold 22 positions

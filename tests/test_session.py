@@ -165,3 +165,21 @@ def test_text_assembler_holds_back_possible_stop_prefixes() -> None:
 def test_loaded_model_reports_its_memory() -> None:
     model: LoadedModel = tiny_loaded()
     assert model.memory_bytes > 0 and model.vocab_size == 320
+
+
+def test_a_conversation_that_comes_back_reuses_its_parked_cache(engine: ChatEngine) -> None:
+    engine.runner.reset()
+    first = [{"role": "user", "content": "def add(a, b): please explain"}]
+    other = [{"role": "user", "content": "what is a tuple?"}]
+    _, a = answer(engine, first, method="off", max_tokens=6)
+    answer(engine, other, method="off", max_tokens=6)
+    back = [*first, {"role": "assistant", "content": a.text},
+            {"role": "user", "content": "and sub?"}]
+    prompt = engine.encode(back)
+    assert engine.runner.resume(prompt[:-1]) >= len(engine.encode(first))  # its cache is back
+    fresh = ChatEngine(engine.target, engine.draft)
+    _, expected = answer(fresh, back, method="off", max_tokens=8)
+    _, again = answer(engine, back, method="off", max_tokens=8)
+    assert again.token_ids == expected.token_ids
+    assert any(p.ids[: len(engine.encode(other)) - 1] == engine.encode(other)[:-1]
+               for p in engine.runner.parked)  # the other chat waits parked
