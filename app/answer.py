@@ -42,6 +42,7 @@ class AnswerStats:
     disabled_reason: str | None = None
     num_draft_tokens: int | str | None = None
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt, reused from the worker's KV cache
     completion_tokens: int = 0
     passes: int = 0
     drafted: int = 0
@@ -70,6 +71,7 @@ class AnswerStats:
             disabled_reason=spec.get("disabled_reason"),
             num_draft_tokens=spec.get("num_draft_tokens"),
             prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            cached_tokens=int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
             completion_tokens=int(usage.get("completion_tokens", 0)),
             passes=int(spec.get("passes", 0)),
             drafted=int(spec.get("drafted", 0)),
@@ -122,6 +124,8 @@ def footer_text(stats: AnswerStats) -> str:
         parts.append(f"{stats.tokens_per_second:.1f} tok/s")
     if stats.time_to_first_token_s is not None:
         parts.append(f"first token {stats.time_to_first_token_s:.2f} s")
+    if stats.cached_tokens:
+        parts.append(f"{stats.cached_tokens}/{stats.prompt_tokens} prompt tokens cached")
     if stats.engine != "anve":
         label = ENGINE_LABELS.get(stats.engine, stats.engine)
         parts.append(f"{label} speculation" if stats.enabled else label)

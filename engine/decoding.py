@@ -200,6 +200,7 @@ class StatsRecorder:
     method: str
     enabled: bool
     prompt_tokens: int
+    cached_tokens: int = 0
     started: float = field(default_factory=time.perf_counter)
     prefill_s: float = 0.0
     first_token_at: float | None = None
@@ -233,8 +234,9 @@ class StatsRecorder:
         ttft = None if self.first_token_at is None else self.first_token_at - self.started
         return SpeculationStats(
             method=self.method, enabled=self.enabled, prompt_tokens=self.prompt_tokens,
-            completion_tokens=self.tokens, passes=self.passes, drafted=self.drafted,
-            accepted=self.accepted, accepted_per_position=tuple(self.per_position),
+            cached_tokens=self.cached_tokens, completion_tokens=self.tokens, passes=self.passes,
+            drafted=self.drafted, accepted=self.accepted,
+            accepted_per_position=tuple(self.per_position),
             prefill_s=self.prefill_s, draft_s=self.draft_s, verify_s=self.verify_s,
             total_s=now - self.started, time_to_first_token_s=ttft,
             adaptive=self.adaptive, auto_off_passes=self.auto_off_passes,

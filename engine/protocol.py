@@ -23,6 +23,7 @@ class SpeculationStats:
     method: str
     enabled: bool
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt, found in the KV cache (not processed again)
     completion_tokens: int = 0
     passes: int = 0  # target forward passes after the prompt
     drafted: int = 0

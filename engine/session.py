@@ -275,7 +275,8 @@ class ChatEngine:
         recorder = StatsRecorder(method, method != "off", len(prompt), adaptive=adaptive)
         drafter = self.drafters.get(method)
         self.runner.keep_hidden(bool(getattr(drafter, "wants_hidden", False)))
-        self.runner.resume(prompt[:-1])  # another conversation's parked cache, if it fits
+        # another conversation's parked cache, if it fits
+        recorder.cached_tokens = self.runner.resume(prompt[:-1])
         self.runner.sync(prompt[:-1])
         prefill_drafter(drafter, self.runner, prompt)  # the drafter's prompt, too (none: off)
         recorder.prefill_s = time.perf_counter() - recorder.started

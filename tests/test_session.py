@@ -181,5 +181,7 @@ def test_a_conversation_that_comes_back_reuses_its_parked_cache(engine: ChatEngi
     _, expected = answer(fresh, back, method="off", max_tokens=8)
     _, again = answer(engine, back, method="off", max_tokens=8)
     assert again.token_ids == expected.token_ids
+    assert again.stats.cached_tokens >= len(engine.encode(first))
+    assert expected.stats.cached_tokens == 0
     assert any(p.ids[: len(engine.encode(other)) - 1] == engine.encode(other)[:-1]
                for p in engine.runner.parked)  # the other chat waits parked

@@ -123,6 +123,9 @@ def test_openai_client_gets_answers_and_speculation(client: OpenAI, reference: s
     spec = answer["speculation"]
     assert set(spec) >= ISSUE_FIELDS
     assert spec["method"] == "draft" and spec["enabled"] and spec["accepted"] > 0
+    again = ask(client, N)["usage"]  # the same prompt: all but its last token are cached
+    assert again.prompt_tokens_details is not None
+    assert again.prompt_tokens_details.cached_tokens == again.prompt_tokens - 1
     assert "".join(text for text, _ in answer["anve"]["pieces"]) == reference
     assert len(answer["anve"]["token_ids"]) == N
 

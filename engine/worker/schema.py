@@ -184,11 +184,13 @@ def pieces_json(pieces: Sequence[tuple[str, bool]]) -> dict[str, Any]:
     return {"pieces": [[text, from_draft] for text, from_draft in pieces]}
 
 
-def usage_json(stats: SpeculationStats) -> dict[str, int]:
+def usage_json(stats: SpeculationStats) -> dict[str, Any]:
+    """OpenAI's usage object, with the prompt tokens served from the KV cache."""
     return {
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.completion_tokens,
         "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
     }
 
 
