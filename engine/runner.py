@@ -98,10 +98,11 @@ class ModelRunner:
         parked = 0 if best is None else shared_prefix(self.parked[best].ids, ids)
         keeping = self.hidden is not None
         if best is not None and parked > shared \
-                and (self.parked[best].hidden is not None) == keeping:
-            chosen = self.parked.pop(best)
+                and (self.parked[best].hidden is not None or not keeping):
+            chosen = self.parked.pop(best)  # features kept only while they are wanted
             self._park()
-            self.ids, self.cache, self.hidden = chosen.ids, chosen.cache, chosen.hidden
+            self.ids, self.cache = chosen.ids, chosen.cache
+            self.hidden = chosen.hidden if keeping else None
             return parked
         if 2 * shared < len(self.ids):
             self._park()

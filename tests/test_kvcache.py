@@ -104,3 +104,20 @@ def test_parked_caches_are_bounded_in_number_and_positions(monkeypatch: pytest.M
     monkeypatch.setattr("engine.runner.PARKED_TOKENS", 15)
     runner.resume(chats[0])
     assert [p.ids for p in runner.parked] == [chats[3]]  # two would hold 22 positions
+
+
+def test_a_parked_cache_without_features_is_not_resumed_while_features_are_kept() -> None:
+    runner = ModelRunner(tiny_model("llama", vocab_size=64, seed=1))
+    a, b = [3, *range(10, 20)], [4, *range(10, 20)]
+    runner.sync(a)  # parked later without features
+    runner.keep_hidden(True)  # starts over: features for every cached position
+    runner.resume(b)
+    runner.sync(b)
+    assert runner.hidden is not None and runner.parked == []  # a was dropped by keep_hidden
+    runner.resume(a)
+    runner.sync(a)
+    assert runner.parked[0].hidden is not None and len(runner.hidden) == len(a)
+    runner.keep_hidden(False)
+    assert runner.resume([*b, 30]) == len(b) and runner.hidden is None  # b's features dropped
+    runner.keep_hidden(True)  # starts over again: a was parked without features
+    assert runner.resume([*a, 31]) == 0 and runner.ids == []
