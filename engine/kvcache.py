@@ -102,6 +102,19 @@ class GrowingLayer(DynamicLayer):
         super().reset()
 
 
+def prefix_copy(cache: DynamicCache, config: Any, length: int) -> DynamicCache | None:
+    """A new growing cache holding a copy of ``cache``'s first ``length`` positions, or
+    ``None`` when one of its layers cannot be cut that way (a sliding window's)."""
+    copy = growing_cache(config)
+    if length == 0:
+        return copy
+    for old, new in zip(cache.layers, copy.layers, strict=True):
+        if not isinstance(old, GrowingLayer) or not old.is_initialized or old._length < length:
+            return None
+        new.update(old.keys[..., :length, :], old.values[..., :length, :])  # copies
+    return copy
+
+
 def growing_cache(config: Any) -> DynamicCache:
     """A ``DynamicCache`` for ``config`` with :class:`GrowingLayer` full-attention layers."""
     cache = DynamicCache(config=config)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from engine.invariant import MAX_ROWS
-from engine.kvcache import GrowingLayer, growing_cache
+from engine.kvcache import GrowingLayer, growing_cache, prefix_copy
 from engine.lean import lean_step
 
 PREFILL_CHUNK = 512  # tokens per forward when filling the cache with a long prompt
@@ -90,8 +90,9 @@ class ModelRunner:
     def resume(self, ids: Sequence[int]) -> int:
         """Continue from the cache that shares most of ``ids``: the current one or a parked
         one (they swap). When the winner keeps less than half of the current cache (another
-        conversation), the current one is parked and a fresh one started instead of cutting
-        it down. Returns how many of ``ids`` are cached now; :meth:`sync` feeds the rest."""
+        conversation, or an earlier message edited), the current one is parked whole and a
+        copy of the shared part continues instead of cutting it down. Returns how many of
+        ``ids`` are cached now; :meth:`sync` feeds the rest."""
         shared = self.common_prefix(ids)
         best = max(range(len(self.parked)), default=None,
                    key=lambda i: shared_prefix(self.parked[i].ids, ids))
@@ -105,10 +106,12 @@ class ModelRunner:
             self.hidden = chosen.hidden if keeping else None
             return parked
         if 2 * shared < len(self.ids):
+            copy = prefix_copy(self.cache, self.model.config, shared)
+            shared = 0 if copy is None else shared
+            ids, hidden = self.ids[:shared], None if self.hidden is None else self.hidden[:shared]
             self._park()
-            self.ids, self.cache = [], growing_cache(self.model.config)
-            self.hidden = None if not keeping else self.hidden[:0]
-            return 0
+            self.ids, self.hidden = ids, None if hidden is None else hidden.clone()
+            self.cache = copy if copy is not None else growing_cache(self.model.config)
         return shared
 
     def _park(self) -> None:

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from engine.kvcache import MIN_CAPACITY, GrowingLayer, growing_cache
+from engine.kvcache import MIN_CAPACITY, GrowingLayer, growing_cache, prefix_copy
 from engine.runner import ModelRunner
 from tests.tiny import tiny_model
 
@@ -121,3 +121,31 @@ def test_a_parked_cache_without_features_is_not_resumed_while_features_are_kept(
     assert runner.resume([*b, 30]) == len(b) and runner.hidden is None  # b's features dropped
     runner.keep_hidden(True)  # starts over again: a was parked without features
     assert runner.resume([*a, 31]) == 0 and runner.ids == []
+
+
+def test_an_edited_earlier_message_continues_from_a_copy_and_keeps_the_old_branch() -> None:
+    model = tiny_model("llama", vocab_size=64, seed=1)
+    runner, fresh = ModelRunner(model), ModelRunner(model)
+    old = list(range(3, 43))  # [40]
+    runner.sync(old)
+    edited = [*old[:12], 50, 51, 52]  # shares 12 of 40: the old branch is parked whole
+    assert runner.resume(edited) == 12 and runner.ids == old[:12]
+    assert runner.parked[0].ids == old and runner.parked[0].cache is not runner.cache
+    fed = counting(runner)
+    logits = runner.sync(edited)
+    assert fed == [3] and logits is not None and torch.allclose(logits, fresh.sync(edited))
+    assert runner.resume([*old, 60]) == len(old)  # and the old branch comes back intact
+    assert torch.allclose(runner.forward([60])[-1], fresh.sync([*old, 60]))
+
+
+def test_prefix_copy_copies_and_refuses_what_it_cannot_cut() -> None:
+    model = tiny_model("llama", vocab_size=64, seed=1)
+    runner = ModelRunner(model)
+    runner.sync(list(range(3, 23)))
+    copy = prefix_copy(runner.cache, model.config, 8)
+    assert copy is not None and copy.get_seq_length() == 8
+    assert torch.equal(copy.layers[0].keys, runner.cache.layers[0].keys[..., :8, :])
+    copy.layers[0].keys.zero_()  # its own buffers
+    assert runner.cache.layers[0].keys.abs().sum() > 0
+    assert prefix_copy(runner.cache, model.config, 30) is None  # longer than the cache
+    assert prefix_copy(DynamicCache(config=model.config), model.config, 4) is None
