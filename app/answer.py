@@ -124,8 +124,8 @@ def footer_text(stats: AnswerStats) -> str:
         parts.append(f"{stats.tokens_per_second:.1f} tok/s")
     if stats.time_to_first_token_s is not None:
         parts.append(f"first token {stats.time_to_first_token_s:.2f} s")
-    if stats.cached_tokens:
-        parts.append(f"{stats.cached_tokens}/{stats.prompt_tokens} prompt tokens cached")
+    if 2 * stats.cached_tokens > stats.prompt_tokens:  # a conversation's history, not a header
+        parts.append(f"prompt {stats.cached_tokens / stats.prompt_tokens:.0%} cached")
     if stats.engine != "anve":
         label = ENGINE_LABELS.get(stats.engine, stats.engine)
         parts.append(f"{label} speculation" if stats.enabled else label)

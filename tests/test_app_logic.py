@@ -77,7 +77,10 @@ def test_stats_round_trip_and_footer() -> None:
     cached = AnswerStats.from_final_chunk(
         {**FINAL, "usage": {**FINAL["usage"], "prompt_tokens_details": {"cached_tokens": 8}}})
     assert cached.cached_tokens == 8 and stats.cached_tokens == 0
-    assert "first token 0.12 s · 8/9 prompt tokens cached · draft model" in footer_text(cached)
+    assert "first token 0.12 s · prompt 89% cached · draft model" in footer_text(cached)
+    header_only = AnswerStats.from_final_chunk(
+        {**FINAL, "usage": {**FINAL["usage"], "prompt_tokens_details": {"cached_tokens": 4}}})
+    assert "cached" not in footer_text(header_only)
     off = AnswerStats(method="off", completion_tokens=3, disabled_reason="load")
     assert "speculation off: high load" in footer_text(off)
     assert footer_text(AnswerStats(completion_tokens=2, estimated=True)).startswith("≈ 2 tokens")
