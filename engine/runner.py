@@ -48,6 +48,7 @@ class Parked:
     ids: list[int]
     cache: Any
     hidden: torch.Tensor | None
+    offset: int = 0  # where in its conversation the cached ids begin
 
 
 class ModelRunner:
@@ -59,6 +60,7 @@ class ModelRunner:
         self.cache = growing_cache(model.config)
         self.hidden: torch.Tensor | None = None  # [len(ids), H] while keeping features
         self.parked: list[Parked] = []  # most recently parked first
+        self.offset = 0  # where in the caller's sequence the cached ids begin (a window)
         # short forwards without transformers' plumbing (with lm_head in place of the
         # model's own, e.g. a drafter's short head; longer forwards keep the model's)
         self.lean = lean_step(model, lm_head)
@@ -84,6 +86,7 @@ class ModelRunner:
         self.ids = []
         self.cache = growing_cache(self.model.config)
         self.parked = []
+        self.offset = 0
         if self.hidden is not None:
             self.hidden = self.hidden[:0]
 
@@ -100,10 +103,7 @@ class ModelRunner:
         keeping = self.hidden is not None
         if best is not None and parked > shared \
                 and (self.parked[best].hidden is not None or not keeping):
-            chosen = self.parked.pop(best)  # features kept only while they are wanted
-            self._park()
-            self.ids, self.cache = chosen.ids, chosen.cache
-            self.hidden = chosen.hidden if keeping else None
+            self.swap_in(best)
             return parked
         if 2 * shared < len(self.ids):
             copy = prefix_copy(self.cache, self.model.config, shared)
@@ -114,10 +114,26 @@ class ModelRunner:
             self.cache = copy if copy is not None else growing_cache(self.model.config)
         return shared
 
+    def swap_in(self, index: int) -> None:
+        """Continue from parked cache ``index``; the current one is parked in its place.
+        Its features come along only while features are kept (it must have them then)."""
+        chosen = self.parked.pop(index)
+        keeping = self.hidden is not None
+        self._park()
+        self.ids, self.cache, self.offset = chosen.ids, chosen.cache, chosen.offset
+        self.hidden = chosen.hidden if keeping else None
+
+    def start_over(self, offset: int) -> None:
+        """Park the current cache and start an empty one for ids from ``offset`` on."""
+        self._park()
+        self.ids, self.cache, self.offset = [], growing_cache(self.model.config), offset
+        if self.hidden is not None:
+            self.hidden = self.hidden[:0]
+
     def _park(self) -> None:
         """Set the current cache aside (most recent first), dropping the oldest over budget."""
         if self.ids:
-            self.parked.insert(0, Parked(self.ids, self.cache, self.hidden))
+            self.parked.insert(0, Parked(self.ids, self.cache, self.hidden, self.offset))
         while len(self.parked) > PARKED or sum(len(p.ids) for p in self.parked) > PARKED_TOKENS:
             self.parked.pop()
 

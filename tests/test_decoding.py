@@ -241,3 +241,17 @@ def test_the_draft_model_reads_a_window_of_a_long_prompt() -> None:
     assert drafter.start == len(context) - 8 and drafter.runner.ids[:8] == context[-8:]
     with pytest.raises(ValueError, match="window"):
         DraftModelDrafter(loaded(tiny_model("llama", vocab_size=64, seed=2)), 64, window=0)
+
+
+def test_the_draft_model_swaps_back_the_cache_of_a_conversation_that_returns() -> None:
+    drafter = DraftModelDrafter(loaded(tiny_model("llama", vocab_size=64, seed=2)), 64,
+                                min_confidence=0.0, window=8)
+    params, generator = SamplingParams(), torch.Generator()
+    a, b = list(range(3, 33)), list(range(33, 63))  # [30] each, nothing shared
+    first = drafter.propose(a, 2, params, generator)
+    assert first.catch_up == 8 and drafter.start == 22
+    assert drafter.propose(b, 2, params, generator).catch_up == 8 and drafter.start == 22
+    assert [p.ids[:8] for p in drafter.runner.parked] == [a[22:]]  # a waits parked
+    back = [*a, *first.tokens, 5]  # a's conversation goes on
+    assert drafter.propose(back, 2, params, generator).catch_up == 2  # not its 8 again
+    assert drafter.start == 22 and drafter.runner.parked[0].ids[:8] == b[22:]

@@ -23,7 +23,8 @@ and ~21 ms a token), more than its drafts win back on a long prompt: summarising
 tokens, 31.9 s plain (128 tokens, two runs each). Shorter windows lost more acceptance
 than they saved (all 16 benchmark prompts: 2.09 tokens per pass unwindowed, 1.92 at 128,
 1.44 at 64). What the draft does not read only makes its guesses worse; the target checks
-every one as before.
+every one as before. Like the target's, its runner keeps the caches of a few other
+conversations (:meth:`engine.runner.ModelRunner.swap_in`), each with its window's start.
 """
 
 from collections.abc import Sequence
@@ -35,7 +36,7 @@ from engine.drafters import EMPTY_DRAFT, Draft
 from engine.drafters.tree import Level, branch, choose
 from engine.drafters.vocab import DRAFT_VOCAB, short_head
 from engine.models import LoadedModel
-from engine.runner import ModelRunner
+from engine.runner import ModelRunner, shared_prefix
 from engine.sampling import SamplingParams
 
 DRAFT_WINDOW = 256  # prompt tokens the draft model reads (the module docstring says why)
@@ -71,22 +72,38 @@ class DraftModelDrafter:
         self.min_confidence = min_confidence
         self.branches, self.min_branch = branches, min_branch  # tree drafting (tree.py)
         self.window = window
-        self.start = 0  # the draft model reads context[start:]
+
+    @property
+    def start(self) -> int:
+        """Where in the context the draft model's reading (and its cache) begins."""
+        return self.runner.offset
+
+    def fits(self, ids: Sequence[int], offset: int, context: Sequence[int]) -> bool:
+        """Whether a cache of ``ids`` from ``offset`` on can go on reading ``context``: it
+        holds a prefix of the context from there and at most ``window`` tokens are new."""
+        if self.window is None or offset >= len(context):
+            return False
+        kept = shared_prefix(ids, context[offset:])
+        return kept > 0 and len(context) - offset - kept <= self.window
 
     def view(self, context: Sequence[int]) -> Sequence[int]:
         """The part of ``context`` the draft model reads, moving its start when needed.
 
-        The start stays while the cache still holds a prefix of the context from there
-        and at most ``window`` tokens are new; otherwise it moves to the last ``window``.
+        The start stays while the cache fits the context (:meth:`fits`); else the cache of
+        another conversation that fits is swapped back in (the runner keeps a few parked);
+        else the runner starts over at the context's last ``window`` tokens.
         """
         if self.window is None:
             return context
-        if self.start < len(context):
-            kept = self.runner.common_prefix(context[self.start:])
-            if kept and len(context) - self.start - kept <= self.window:
-                return context[self.start:]
-        self.start = max(0, len(context) - self.window)
-        return context[self.start:]
+        if not self.fits(self.runner.ids, self.runner.offset, context):
+            parked = self.runner.parked
+            back = next((i for i, p in enumerate(parked) if self.fits(p.ids, p.offset, context)),
+                        None)
+            if back is not None:
+                self.runner.swap_in(back)
+            else:
+                self.runner.start_over(max(0, len(context) - self.window))
+        return context[self.runner.offset:]
 
     def prefill(self, context: Sequence[int]) -> None:
         """Cache the view of ``context[:-1]`` (the first ``propose`` feeds the last token)."""
@@ -121,4 +138,3 @@ class DraftModelDrafter:
 
     def reset(self) -> None:
         self.runner.reset()
-        self.start = 0
