@@ -260,7 +260,7 @@ inline int kernel_position(int i) { return (i % GROUP / 4) * GROUP + i / GROUP *
 struct QuantRows256 {
     int8_t *codes;  // [M, K] in kernel order per super-block
     float *scale;   // [M, K / 256], dx per super-block
-    int16_t *bsum;  // [M, K / 32], sum of each 32-group's codes
+    float *bsum;    // [M, K / 32], dx * the sum of each 32-group's codes
 };
 
 void quantize_rows_256(const float *x, int M, int K, QuantRows256 q) {
@@ -272,7 +272,7 @@ void quantize_rows_256(const float *x, int M, int K, QuantRows256 q) {
         int8_t codes[SUPER];
         for (int j = 0; j < SUPER / GROUP; ++j) {
             const int total = round_group(src + j * GROUP, d, codes + j * GROUP);
-            q.bsum[(int64_t)ms * (SUPER / GROUP) + j] = (int16_t)total;
+            q.bsum[(int64_t)ms * (SUPER / GROUP) + j] = d * (float)total;
         }
         int8_t *dst = q.codes + (int64_t)ms * SUPER;
         for (int i = 0; i < SUPER; i += 4) memcpy(dst + kernel_position(i), codes + i, 4);
@@ -296,17 +296,15 @@ inline __m256i group_scales(const uint8_t *sc) {
     return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s, s));
 }
 
-// Output feature n of M rows (xq and y start at the first of them).
+// Output feature n of M rows (xq and y start at the first of them). Per super-block and
+// row, all in one [8] vector (group g in lane g): d * (dx * sc_g * dot_g) - (dmin * mn_g)
+// * (dx * bsum_g), the mins' factor shared by the rows.
 template <int M>
 inline void q4k_one(const QuantRows256 xq, int K, const Q4KWeights w, const float *bias,
                     float *y, int N, int n) {
     const int S = K / SUPER, G = K / GROUP;
     __m256 acc[M];
-    __m128 corr[M];  // the mins' term, summed as a vector, reduced once at the end
-    for (int m = 0; m < M; ++m) {
-        acc[m] = _mm256_setzero_ps();
-        corr[m] = _mm_setzero_ps();
-    }
+    for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
     for (int sb = 0; sb < S; ++sb) {
         const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
         const uint8_t *codes = w.codes + g0 * (GROUP / 2);
@@ -326,19 +324,19 @@ inline void q4k_one(const QuantRows256 xq, int K, const Q4KWeights w, const floa
             }
         }
         const __m256i scale = group_scales(w.sc + g0);
-        const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(w.mn + g0)));
-        const float d = w.d[(int64_t)n * S + sb], dmin = w.dmin[(int64_t)n * S + sb];
+        const __m256 d = _mm256_set1_ps(w.d[(int64_t)n * S + sb]);
+        const __m256 mins = _mm256_mul_ps(  // [8] dmin * mn_g
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w.mn + g0)))),
+            _mm256_set1_ps(w.dmin[(int64_t)n * S + sb]));
         for (int m = 0; m < M; ++m) {
-            const float dx = xq.scale[(int64_t)m * S + sb];
-            const __m256i i32 = _mm256_madd_epi16(p16[m], scale);  // [8] int32, group g in lane g
-            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_set1_ps(d * dx), acc[m]);
-            const __m128i bs = _mm_loadu_si128((const __m128i *)(xq.bsum + (int64_t)m * G + sb * 8));
-            corr[m] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mins, bs)),
-                                   _mm_set1_ps(dmin * dx), corr[m]);
+            const __m256 dots = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p16[m], scale)),
+                                              _mm256_broadcast_ss(xq.scale + (int64_t)m * S + sb));
+            acc[m] = _mm256_fmadd_ps(dots, d, acc[m]);
+            acc[m] = _mm256_fnmadd_ps(mins, _mm256_loadu_ps(xq.bsum + (int64_t)m * G + sb * 8), acc[m]);
         }
     }
     const float b = bias ? bias[n] : 0.0f;
-    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = (hsum(acc[m]) - hsum4(corr[m])) + b;
+    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = hsum(acc[m]) + b;
 }
 
 template <int M>
@@ -587,7 +585,7 @@ struct Scratch {
     }
     QuantRows256 rows256(int M, int K) const {
         float *scale = (float *)(block + codes_bytes);
-        return {(int8_t *)block, scale, (int16_t *)(scale + (int64_t)M * (K / SUPER))};
+        return {(int8_t *)block, scale, scale + (int64_t)M * (K / SUPER)};
     }
 };
 
@@ -607,7 +605,7 @@ struct Scratch {
 
 extern "C" {
 
-int anve_qdot_version(void) { return 12; }
+int anve_qdot_version(void) { return 13; }
 
 // One linear layer of a call: its weight form, N, weight arrays (in the order of the
 // forms above), optional bias [N] and output y [M, N].
