@@ -97,21 +97,21 @@ class ModelRunner:
         copy of the shared part continues instead of cutting it down. Returns how many of
         ``ids`` are cached now; :meth:`sync` feeds the rest."""
         shared = self.common_prefix(ids)
-        best = max(range(len(self.parked)), default=None,
-                   key=lambda i: shared_prefix(self.parked[i].ids, ids))
-        parked = 0 if best is None else shared_prefix(self.parked[best].ids, ids)
+        shares = [shared_prefix(p.ids, ids) for p in self.parked]
+        best = max(range(len(shares)), default=None, key=shares.__getitem__)
         keeping = self.hidden is not None
-        if best is not None and parked > shared \
+        if best is not None and shares[best] > shared \
                 and (self.parked[best].hidden is not None or not keeping):
             self.swap_in(best)
-            return parked
+            return shares[best]
         if 2 * shared < len(self.ids):
             copy = prefix_copy(self.cache, self.model.config, shared)
-            shared = 0 if copy is None else shared
             ids, hidden = self.ids[:shared], None if self.hidden is None else self.hidden[:shared]
-            self._park()
-            self.ids, self.hidden = ids, None if hidden is None else hidden.clone()
-            self.cache = copy if copy is not None else growing_cache(self.model.config)
+            self.start_over(self.offset)
+            if copy is None:
+                return 0
+            self.ids, self.cache = ids, copy
+            self.hidden = None if hidden is None else hidden.clone()
         return shared
 
     def swap_in(self, index: int) -> None:
