@@ -56,9 +56,9 @@ SHORT_ANSWER = ("Yes: strip the spaces first with `text.replace(\" \", \"\")`, o
                 "optional whitespace in the pattern with `\\s*` between the parts.")
 MODELS = [
     {"id": "qwen2.5-coder-1.5b-instruct", "anve": {"role": "target", "max_context": 32768,
-                                                   "memory_bytes": 6_174_015_488}},
+                                                   "memory_bytes": 2_059_603_456}},
     {"id": "qwen2.5-coder-0.5b-instruct", "anve": {"role": "draft", "max_context": 32768,
-                                                   "memory_bytes": 1_976_131_584}},
+                                                   "memory_bytes": 851_916_544}},
 ]
 LEARNING = {"state": "installed", "conversations": 212, "held_out_acceptance": 0.58,
             "previous": 0.41}
