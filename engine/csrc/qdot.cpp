@@ -198,23 +198,25 @@ void q4_rows(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *sc
         const uint8_t *wrow = codes + (int64_t)n * G * (GROUP / 2);
         const uint16_t *srow = scale + (int64_t)n * G, *orow = offset + (int64_t)n * G;
         int g = 0;
-        for (; g + 8 <= G; g += 8) {  // each row's 8 group scales times the weights' at once
+        for (; g + 8 <= G; g += 8) {  // 8 groups: their sums in one vector, one scale multiply
             prefetch((const char *)(wrow + g * (GROUP / 2)) + Q4_AHEAD, 8 * GROUP / 2);
             prefetch((const char *)(srow + g) + Q4_AHEAD / 8, 1);
             prefetch((const char *)(orow + g) + Q4_AHEAD / 8, 1);
-            alignas(32) float both[M][8];
+            alignas(32) float both[M][8];  // weight times activation scale, groups 0 2 4 6 1 3 5 7
             const __m256 s8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(srow + g)));
+            const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
             for (int m = 0; m < M; ++m)
-                _mm256_store_ps(both[m], _mm256_mul_ps(s8, _mm256_loadu_ps(xq.scale + (int64_t)m * G + g)));
-            for (int j = 0; j < 8; j += 2) {
-                __m256i low, high;
-                unpack_q4_pair(wrow + (g + j) * (GROUP / 2), low, high);
-                const __m256i pick = _mm256_setr_epi32(j, j, j, j, j + 1, j + 1, j + 1, j + 1);
-                for (int m = 0; m < M; ++m) {
-                    const __m256i d = dot_pair(low, high, xq.codes + ((int64_t)m * G + g + j) * GROUP);
-                    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d),
-                                             _mm256_permutevar8x32_ps(_mm256_load_ps(both[m]), pick), acc[m]);
-                }
+                _mm256_store_ps(both[m], _mm256_permutevar8x32_ps(
+                    _mm256_mul_ps(s8, _mm256_loadu_ps(xq.scale + (int64_t)m * G + g)), order));
+            alignas(32) __m256i w[8];
+            for (int j = 0; j < 4; ++j) unpack_q4_pair(wrow + (g + 2 * j) * (GROUP / 2), w[2 * j], w[2 * j + 1]);
+            for (int m = 0; m < M; ++m) {
+                const int8_t *x = xq.codes + ((int64_t)m * G + g) * GROUP;
+                const __m256i d01 = _mm256_hadd_epi32(dot_pair(w[0], w[1], x), dot_pair(w[2], w[3], x + 2 * GROUP));
+                const __m256i d23 = _mm256_hadd_epi32(dot_pair(w[4], w[5], x + 4 * GROUP),
+                                                      dot_pair(w[6], w[7], x + 6 * GROUP));
+                const __m256i sums = _mm256_hadd_epi32(d01, d23);  // [8] int32: groups 0 2 4 6 1 3 5 7
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_load_ps(both[m]), acc[m]);
             }
         }
         for (; g + 2 <= G; g += 2) {
@@ -605,7 +607,7 @@ struct Scratch {
 
 extern "C" {
 
-int anve_qdot_version(void) { return 13; }
+int anve_qdot_version(void) { return 14; }
 
 // One linear layer of a call: its weight form, N, weight arrays (in the order of the
 // forms above), optional bias [N] and output y [M, N].
