@@ -339,7 +339,8 @@ def summarise(rows: list[Row], kinds: tuple[str, ...]) -> list[dict[str, Any]]:
 
 def generation_rate(runs: list[Run]) -> float | None:
     """Tokens per second after each answer's first token (llama.cpp's "eval" rate): what
-    speculation speeds up, without the prompt's processing that every row pays alike."""
+    speculation speeds up, without the target's prompt processing that every row pays
+    alike (a drafter's own reading of the prompt comes after the first token: it counts)."""
     timed = [r for r in runs if r.first_s is not None and len(r.tokens) > 1]
     seconds = sum(r.generation_s for r in timed)
     return sum(len(r.tokens) - 1 for r in timed) / seconds if timed and seconds > 0 else None
@@ -371,8 +372,9 @@ def markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     kinds = [k for k in KINDS if any(r["kind"] == k for r in summary)]
     lines += ["", "¹ answers with the same token ids as plain decoding on the same engine "
               f"(our plain for our rows and transformers', {LLAMA_CPP} plain for {LLAMA_CPP}'s).",
-              "² after each answer's first token: the prompt's processing (the same for every "
-              "row of an engine) left out."]
+              "² after each answer's first token: the target's prompt processing (the same for "
+              "every row of an engine) left out; a draft model or EAGLE head reads the prompt "
+              "after the first token, so its reading stays in."]
     for title, key in (("Speedup over plain by prompt kind", "speedup"),
                        ("Generation speedup² by prompt kind", "generation_speedup")):
         lines += ["", f"{title}:", "",

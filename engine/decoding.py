@@ -49,6 +49,7 @@ class Step:
     finish_reason: str | None = None  # "stop", "length", "cancelled" on the last step
     forwarded: bool = True  # False for a closing step that ran no target pass
     auto_off: bool = False  # the policy ran this pass plain because drafting did not pay
+    drafter_prefill_s: float = 0.0  # the drafter's deferred reading of the prompt, before it
 
     @classmethod
     def closing(cls, reason: str) -> "Step":
@@ -126,18 +127,25 @@ def decode(
     num_draft_tokens: int = 4,
     policy: DraftPolicy | None = None,
     cancel: threading.Event | None = None,
+    first_token_first: bool = False,
 ) -> Generator[Step, None, None]:
     """Generate after ``prompt`` (non-empty, shorter than ``max_context``), one pass per step.
 
     With a ``policy`` the draft length is chosen per pass (adaptive, may be 0);
-    otherwise it is ``num_draft_tokens`` whenever there is room.
+    otherwise it is ``num_draft_tokens`` whenever there is room. With
+    ``first_token_first`` a drafter that reads the prompt itself (``prefill``: a draft
+    model, an EAGLE head) does so only after the first pass, which then runs plain: the
+    first token comes as soon as the target has read the prompt, and the drafter's
+    reading (reported as the next step's ``drafter_prefill_s``) costs the same later.
     """
     generator = make_generator(params.seed)
     context = list(prompt)
     wants_hidden = bool(getattr(drafter, "wants_hidden", False))
     target.keep_hidden(wants_hidden)
     target.sync(context[:-1])
-    prefill_drafter(drafter, target, context)
+    ready = not (first_token_first and getattr(drafter, "prefill", None) is not None)
+    if ready:
+        prefill_drafter(drafter, target, context)
     produced = 0
     while True:
         if cancel is not None and cancel.is_set():
@@ -147,9 +155,14 @@ def decode(
         if room <= 0:
             yield Step.closing("length")
             return
+        prefill_s = 0.0
+        if not ready and produced:
+            start = time.perf_counter()
+            prefill_drafter(drafter, target, context)
+            ready, prefill_s = True, time.perf_counter() - start
         t0 = time.perf_counter()
         k, auto_off = 0, False
-        if drafter is not None:
+        if drafter is not None and ready:
             k = policy.next_gamma(room) if policy else min(num_draft_tokens, room - 1)
             auto_off = policy is not None and policy.last_off
         draft = EMPTY_DRAFT
@@ -175,7 +188,7 @@ def decode(
         t2 = time.perf_counter()
         if drafter is not None and len(draft):
             drafter.observe(context, len(draft), n)
-        if policy is not None:  # a tree's depth is what its acceptance is measured on
+        if policy is not None and ready:  # a tree's depth is what its acceptance is measured on
             policy.update(draft.depth, n, t1 - t0, t2 - t1, draft.catch_up)
         tokens, flags = [*kept, nxt], [True] * n + [False]
         finish = None
@@ -188,7 +201,7 @@ def decode(
         if finish is None and produced >= max_new_tokens:
             finish = "length"
         yield Step(tuple(tokens), tuple(flags), len(draft), n, t1 - t0, t2 - t1, finish,
-                   auto_off=auto_off)
+                   auto_off=auto_off, drafter_prefill_s=prefill_s)
         if finish is not None:
             return
 
@@ -216,6 +229,7 @@ class StatsRecorder:
 
     def record(self, step: Step) -> None:
         self.passes += step.forwarded
+        self.prefill_s += step.drafter_prefill_s
         self.auto_off_passes += step.auto_off
         if step.tokens and self.first_token_at is None:
             self.first_token_at = time.perf_counter()

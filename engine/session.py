@@ -16,7 +16,7 @@ from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from engine.decoding import StatsRecorder, decode, prefill_drafter
+from engine.decoding import StatsRecorder, decode
 from engine.detokenize import IncrementalDetokenizer
 from engine.drafters import Drafter
 from engine.drafters.draft_model import DraftModelDrafter
@@ -277,8 +277,7 @@ class ChatEngine:
         self.runner.keep_hidden(bool(getattr(drafter, "wants_hidden", False)))
         # another conversation's parked cache, if it fits
         recorder.cached_tokens = self.runner.resume(prompt[:-1])
-        self.runner.sync(prompt[:-1])
-        prefill_drafter(drafter, self.runner, prompt)  # the drafter's prompt, too (none: off)
+        self.runner.sync(prompt[:-1])  # the drafter reads the prompt after the first token
         recorder.prefill_s = time.perf_counter() - recorder.started
         detok = IncrementalDetokenizer(self.target.tokenizer)
         text = TextAssembler(stop)
@@ -288,6 +287,7 @@ class ChatEngine:
             drafter=None if method == "off" else self.drafters[method],
             num_draft_tokens=k if isinstance(k, int) else MAX_ADAPTIVE,
             policy=self._policy(method) if adaptive else None, cancel=cancel,
+            first_token_first=True,
         )
         finish = "length"
         for step in steps:

@@ -208,6 +208,43 @@ def test_speculative_sampling_matches_plain_sampling_end_to_end(draft_vocab: int
         assert matches(seen, exact), method
 
 
+def test_first_token_first_lets_the_drafter_read_the_prompt_after_the_first_token() -> None:
+    target = tiny_model("llama", vocab_size=64, seed=1, scale=4.0)
+    drafter = DraftModelDrafter(loaded(tiny_model("llama", vocab_size=64, seed=2)), 64,
+                                min_confidence=0.0)
+    prompt = prompts(1, 64, seed=3)[0] * 6  # [30]
+    steps = decode(ModelRunner(target), prompt, params=GREEDY, max_new_tokens=20,
+                   max_context=256, drafter=drafter, num_draft_tokens=3, first_token_first=True)
+    first = next(steps)
+    assert first.drafted == 0 and len(first.tokens) == 1 and first.drafter_prefill_s == 0.0
+    assert drafter.runner.ids == []  # nothing read yet: the first token did not wait for it
+    second = next(steps)
+    assert second.drafted > 0 and second.drafter_prefill_s > 0.0
+    assert drafter.runner.ids[:len(prompt)] == prompt  # the prompt, then the first token
+    rest = [t for s in steps for t in s.tokens]
+    assert [*first.tokens, *second.tokens, *rest] == run(target, prompt, n=20)
+
+
+def test_first_token_first_keeps_the_target_distribution() -> None:
+    vocab = 5
+    target = tiny_model("llama", vocab_size=vocab, seed=11, scale=3.0)
+    draft = tiny_model("llama", vocab_size=vocab, seed=12, scale=3.0)
+    prompt = [1, 2, 3]
+    exact = _exact_two_token_distribution(target, prompt)
+    drafter = DraftModelDrafter(loaded(draft), vocab)
+    runner = ModelRunner(target)
+    counts, drafted = torch.zeros(vocab * vocab), 0
+    for seed in range(1500):
+        params = SamplingParams(temperature=1.0, seed=seed)
+        steps = list(decode(runner, prompt, params=params, max_new_tokens=3, max_context=256,
+                            drafter=drafter, num_draft_tokens=2, first_token_first=True))
+        t1, t2 = [t for s in steps for t in s.tokens][:2]
+        counts[t1 * vocab + t2] += 1  # the second token comes from a speculative pass
+        drafted += steps[1].drafted
+    assert drafted > 1000
+    assert matches(counts, exact)
+
+
 def test_a_draft_model_catches_up_with_the_prompt_before_the_first_pass() -> None:
     target = tiny_model("llama", vocab_size=64, seed=1, scale=4.0)
     drafter = DraftModelDrafter(loaded(tiny_model("llama", vocab_size=64, seed=2)), 64,

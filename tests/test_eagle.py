@@ -48,7 +48,7 @@ def test_greedy_eagle_equals_greedy_plain(kind: str, draft_vocab: int) -> None:
         plain = run(target, prompt, n=16)
         steps = list(decode(ModelRunner(target), prompt, params=SamplingParams(),
                             max_new_tokens=16, max_context=256, drafter=drafter,
-                            num_draft_tokens=2 + i))
+                            num_draft_tokens=2 + i, first_token_first=i % 2 == 1))
         assert [t for s in steps for t in s.tokens] == plain, (prompt, i)
         drafted += sum(s.drafted for s in steps)
     assert drafted > 0
