@@ -29,7 +29,7 @@ class SpeculationStats:
     drafted: int = 0
     accepted: int = 0
     accepted_per_position: tuple[int, ...] = ()  # passes whose i-th draft was accepted
-    prefill_s: float = 0.0
+    prefill_s: float = 0.0  # the target's reading of the prompt + the drafter's (after token 1)
     draft_s: float = 0.0
     verify_s: float = 0.0
     total_s: float = 0.0
