@@ -3,6 +3,7 @@
 import hashlib
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -133,13 +134,16 @@ def test_incompatible_draft_is_refused(tiny_folder: Path, tmp_path: Path) -> Non
         models.load_pair(str(tiny_folder), str(other), data_dir=tmp_path)
 
 
+def free_memory(monkeypatch: pytest.MonkeyPatch, available: int) -> None:
+    """Make the memory checks see ``available`` bytes free."""
+    monkeypatch.setattr(memory.psutil, "virtual_memory",
+                        lambda: SimpleNamespace(available=available))
+
+
 def test_too_little_memory_is_refused_before_loading(
     tiny_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    class Tiny:
-        available = 1000
-
-    monkeypatch.setattr(memory.psutil, "virtual_memory", lambda: Tiny())
+    free_memory(monkeypatch, 1000)
     monkeypatch.setattr(models, "load_prepared", pytest.fail)
     with pytest.raises(InsufficientMemoryError, match="GiB"):
         models.load_pair(str(tiny_folder), data_dir=tmp_path)
@@ -171,10 +175,7 @@ def test_load_estimate_counts_the_kernels_cache_once_it_is_built(tmp_path: Path)
 
 
 def test_memory_check_says_what_is_needed_and_free(monkeypatch: pytest.MonkeyPatch) -> None:
-    class Free:
-        available = 4 << 30
-
-    monkeypatch.setattr(memory.psutil, "virtual_memory", lambda: Free())
+    free_memory(monkeypatch, 4 << 30)
     memory.check_memory(2 << 30, "a model")  # 2 GiB * headroom + runtime fits in 4
     with pytest.raises(InsufficientMemoryError) as err:
         memory.check_memory(3 << 30, "a model")
@@ -195,10 +196,7 @@ def test_conversion_is_refused_before_it_starts_without_the_memory(
     writer.close()
     assert memory.conversion_bytes(gguf) == int((64 + 16) * 32 * 4 * memory.CONVERSION_FACTOR)
 
-    class Tiny:
-        available = 1000
-
-    monkeypatch.setattr(memory.psutil, "virtual_memory", lambda: Tiny())
+    free_memory(monkeypatch, 1000)
     monkeypatch.setattr(store, "convert", pytest.fail)
     with pytest.raises(InsufficientMemoryError, match="converting tiny needs about"):
         store.prepare(str(gguf), tmp_path / "data")
