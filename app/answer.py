@@ -8,6 +8,8 @@ objects, see ``engine/worker/schema.py``) in order with the time they arrived an
 * live estimates (:meth:`AnswerStream.live_stats`): tokens, tokens/s, time to first
   token, tokens per target pass and accepted drafts per position, counted from the
   chunks (one chunk per target pass; ``anve.tokens`` counts its tokens),
+* how much of a long prompt the worker has read before the first token
+  (``anve.prompt_progress``; :func:`waiting_text` says it under the answer),
 * the worker's measured :class:`AnswerStats` once the final chunk arrives,
 * and, from any OpenAI-compatible server, the finish reason, ``usage`` and llama.cpp's
   ``timings`` (the client maps them with :mod:`app.engines`).
@@ -58,6 +60,8 @@ class AnswerStats:
     engine: str = "anve"  # the server that answered (app.engines: anve, vllm, llama.cpp, openai)
     unreported: tuple[str, ...] = ()  # panel figures that server does not report
     notes: tuple[str, ...] = ()  # what the figures mean there (shared server, reset, ...)
+    prompt_read: int = 0  # while a long prompt is read: its tokens read so far,
+    prompt_to_read: int = 0  # of these (the part not cached); 0 when not reported
 
     @classmethod
     def from_final_chunk(cls, chunk: dict[str, Any]) -> "AnswerStats":
@@ -117,8 +121,19 @@ def stored_stats(stored: dict[str, Any] | None) -> AnswerStats | None:
     return AnswerStats.from_dict((stored or {}).get("measured"))
 
 
+def waiting_text(stats: AnswerStats) -> str:
+    """What an answer with no token yet is doing: reading a long prompt, or starting."""
+    if stats.prompt_to_read:
+        share = stats.prompt_read / stats.prompt_to_read
+        return f"Reading the prompt… {share:.0%} of {stats.prompt_to_read:,} tokens"
+    return "Answering…"
+
+
 def footer_text(stats: AnswerStats) -> str:
-    """One line under an answer: tokens · tok/s · first token · method · acceptance."""
+    """One line under an answer: tokens · tok/s · first token · method · acceptance (or,
+    while it streams with no token yet, :func:`waiting_text`)."""
+    if stats.estimated and not stats.completion_tokens and stats.finish_reason is None:
+        return waiting_text(stats)
     parts = [f"{stats.completion_tokens} tokens"]
     if stats.tokens_per_second is not None:
         parts.append(f"{stats.tokens_per_second:.1f} tok/s")
@@ -175,6 +190,8 @@ class AnswerStream:
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None  # llama.cpp's per-response timings
+    prompt_read: int = 0  # the worker's last anve.prompt_progress: tokens read so far,
+    prompt_to_read: int = 0  # of these
 
     def add(self, chunk: dict[str, Any], now: float) -> None:
         """Take one SSE payload that arrived at ``now``."""
@@ -189,10 +206,11 @@ class AnswerStream:
             self.usage = chunk["usage"]
         if isinstance(chunk.get("timings"), dict):
             self.timings = chunk["timings"]
+        anve = chunk.get("anve") or {}
+        self._read_progress(anve.get("prompt_progress"))
         content = delta.get("content") or ""
         if not content:
             return
-        anve = chunk.get("anve") or {}
         pieces = anve.get("pieces") or [[content, False]]
         n = int(anve.get("tokens") or 1)
         accepted = anve.get("accepted")
@@ -206,6 +224,14 @@ class AnswerStream:
         if self.first_token_at is None:
             self.first_token_at = now
         self.last_token_at = now
+
+    def _read_progress(self, progress: Any) -> None:
+        """Take ``{read, total}`` prompt tokens from a progress chunk (others are ignored)."""
+        if not isinstance(progress, dict):
+            return
+        read, total = progress.get("read"), progress.get("total")
+        if isinstance(read, int) and isinstance(total, int) and 0 <= read <= total:
+            self.prompt_read, self.prompt_to_read = read, total
 
     def _count_pass(self, tokens: int, accepted: int) -> None:
         self.tokens += tokens
@@ -236,6 +262,8 @@ class AnswerStream:
             tokens_per_second=rate,
             time_to_first_token_s=ttft,
             estimated=True,
+            prompt_read=self.prompt_read,
+            prompt_to_read=self.prompt_to_read,
         )
 
     def stats(self, now: float) -> AnswerStats:

@@ -13,7 +13,14 @@ import threading
 from typing import TextIO
 
 from engine.errors import EngineError
-from engine.protocol import ACCELERATIONS, METHODS, Completion, SpeculationStats, TextChunk
+from engine.protocol import (
+    ACCELERATIONS,
+    METHODS,
+    Completion,
+    PromptProgress,
+    SpeculationStats,
+    TextChunk,
+)
 from engine.registry import PROFILES, Progress
 from engine.sampling import SamplingParams
 from engine.session import ADAPTIVE, ChatEngine, DraftLength
@@ -51,7 +58,11 @@ def stream_answer(engine: ChatEngine, messages: list[dict[str, str]], args: argp
     events = engine.generate(messages, params, max_tokens=args.max_tokens, cancel=cancel)
     try:
         for event in events:
-            if isinstance(event, TextChunk):
+            if isinstance(event, PromptProgress):
+                end = "\n" if event.read == event.total else ""
+                out.write(f"\r(reading the prompt: {event.read}/{event.total} tokens){end}")
+                out.flush()
+            elif isinstance(event, TextChunk):
                 out.write(event.text)
                 out.flush()
                 text += event.text

@@ -72,6 +72,15 @@ class TextChunk:
 
 
 @dataclass(frozen=True)
+class PromptProgress:
+    """The target has read ``read`` of the ``total`` prompt tokens it had to read for this
+    answer (those not already in its cache); sent before the first token of a long prompt."""
+
+    read: int
+    total: int
+
+
+@dataclass(frozen=True)
 class Completion:
     """The end of an answer: all its text, why it ended, and its statistics."""
 

@@ -5,6 +5,10 @@ It owns the loaded target, the drafters and the target's KV cache, which persist
 between requests: a follow-up question in the same conversation only feeds the new
 tokens, because the cache is synced to the new prompt by their shared prefix.
 
+A long prompt is read in chunks of :data:`READ_CHUNK` tokens: between them the answer
+reports its progress (:class:`PromptProgress`) and can be cancelled, so a document that
+takes the target half a minute to read shows how far it got and stops when asked.
+
 A ChatEngine runs one generation at a time; the worker serialises requests.
 """
 
@@ -27,7 +31,7 @@ from engine.drafters.suffix import SuffixDrafter
 from engine.errors import BadRequestError, PromptTooLongError
 from engine.models import LoadedModel, load_pair
 from engine.policy import DraftPolicy
-from engine.protocol import METHODS, Completion, TextChunk
+from engine.protocol import METHODS, Completion, PromptProgress, TextChunk
 from engine.registry import Progress
 from engine.runner import ModelRunner
 from engine.sampling import SamplingParams
@@ -37,6 +41,7 @@ log = logging.getLogger(__name__)
 ROLES = ("system", "user", "assistant")
 MAX_DRAFT_TOKENS = 16
 MAX_ADAPTIVE = 8  # the adaptive policy's longest draft
+READ_CHUNK = 128  # prompt tokens read between progress reports and cancel checks (~3 s)
 ADAPTIVE: Literal["adaptive"] = "adaptive"
 # The method an engine starts with. n-gram lookup (adaptive) was the fastest single
 # method on the benchmark's 16 prompts in both runs that had all adaptive rows
@@ -45,7 +50,7 @@ ADAPTIVE: Literal["adaptive"] = "adaptive"
 # second model. Admins switch to another method per worker or per request.
 DEFAULT_METHOD = "ngram"
 DraftLength = int | Literal["adaptive"]
-Event = TextChunk | Completion
+Event = PromptProgress | TextChunk | Completion
 
 
 def validate_messages(messages: Any) -> list[dict[str, str]]:
@@ -222,7 +227,8 @@ class ChatEngine:
         num_draft_tokens: DraftLength | None = None,
         cancel: threading.Event | None = None,
     ) -> Generator[Event, None, None]:
-        """Answer ``messages``: yields :class:`TextChunk` s, then one :class:`Completion`."""
+        """Answer ``messages``: yields :class:`PromptProgress` while reading a long prompt,
+        then :class:`TextChunk` s, then one :class:`Completion`."""
         return self.generate_ids(
             self.encode(messages), params, max_tokens=max_tokens, stop=stop, method=method,
             num_draft_tokens=num_draft_tokens, cancel=cancel,
@@ -261,6 +267,24 @@ class ChatEngine:
         policy.new_answer()
         return policy
 
+    def _read_prompt(self, ids: list[int], cancel: threading.Event | None
+                     ) -> Generator[PromptProgress, None, bool]:
+        """Feed ``ids`` into the target's cache :data:`READ_CHUNK` tokens at a time,
+        checking ``cancel`` between chunks; a read of more than one chunk reports its
+        progress (from 0). Returns False when cancelled."""
+        start = self.runner.common_prefix(ids)
+        total = len(ids) - start
+        report = total > READ_CHUNK
+        if report:
+            yield PromptProgress(0, total)
+        for end in [*range(start + READ_CHUNK, len(ids), READ_CHUNK), len(ids)]:
+            if cancel is not None and cancel.is_set():
+                return False
+            self.runner.sync(ids[:end])
+            if report:
+                yield PromptProgress(end - start, total)
+        return True
+
     def _run(
         self,
         prompt: list[int],
@@ -277,8 +301,11 @@ class ChatEngine:
         self.runner.keep_hidden(bool(getattr(drafter, "wants_hidden", False)))
         # another conversation's parked cache, if it fits
         recorder.cached_tokens = self.runner.resume(prompt[:-1])
-        self.runner.sync(prompt[:-1])  # the drafter reads the prompt after the first token
+        read = yield from self._read_prompt(prompt[:-1], cancel)  # the drafter's comes later
         recorder.prefill_s = time.perf_counter() - recorder.started
+        if not read:
+            yield Completion("", "cancelled", (), recorder.finish())
+            return
         detok = IncrementalDetokenizer(self.target.tokenizer)
         text = TextAssembler(stop)
         steps = decode(

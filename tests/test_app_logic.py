@@ -66,6 +66,29 @@ def test_live_acceptance_comes_from_the_workers_pass_counts() -> None:
     assert live.accepted_per_position == (2, 2, 1)
 
 
+def progress(read: object, total: object) -> dict[str, object]:
+    return {"choices": [{"index": 0, "delta": {}}],
+            "anve": {"prompt_progress": {"read": read, "total": total}}}
+
+
+def test_the_footer_says_how_much_of_a_long_prompt_was_read_until_the_first_token() -> None:
+    answer = AnswerStream(started=0.0)
+    answer.add({"choices": [{"delta": {"role": "assistant", "content": ""}}]}, 0.1)
+    assert footer_text(answer.live_stats(0.1)) == "Answering…"
+    answer.add(progress(0, 1117), 0.2)
+    answer.add(progress(512, 1117), 5.0)
+    assert footer_text(answer.live_stats(5.0)) == "Reading the prompt… 46% of 1,117 tokens"
+    for bad in (progress(2000, 1117), progress("all", 1117), progress(-1, 5)):
+        answer.add(bad, 5.5)  # out of range or not counts: the last good figures stay
+    assert answer.live_stats(5.5).prompt_read == 512
+    assert footer_text(answer.stats(6.0)) == "≈ 0 tokens · plain decoding"  # stopped there
+    assert answer.text == "" and answer.first_token_at is None
+    answer.add(progress(1117, 1117), 9.0)
+    answer.add(chunk("Hi", [["Hi", False]], 1), 9.5)
+    assert footer_text(answer.live_stats(9.5)).startswith("≈ 1 tokens")
+    assert answer.live_stats(9.5).time_to_first_token_s == pytest.approx(9.5)
+
+
 def test_stats_round_trip_and_footer() -> None:
     stats = AnswerStats.from_final_chunk(FINAL)
     assert AnswerStats.from_dict(stats.to_dict()) == stats

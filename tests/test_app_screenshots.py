@@ -203,16 +203,19 @@ def test_screenshots_light_and_dark(app: AnveApp, qapp: QApplication, qtbot: QtB
 
 
 def states(app: AnveApp, qtbot: QtBot, shots_dir: Path, scheme: str) -> list[Path]:
-    """An answer streaming, then a new chat while the models load."""
+    """An answer reading its long prompt, then streaming; a new chat while the models load."""
     window, model = app.window, app.chat.messages
     window.show_page("chat")
     window.chat_page.colours.setChecked(False)
     model.append(Message(1000, 0, "user", "And in one line?", 0.0))
     model.append(Message(1001, 0, "assistant", "", INTERRUPTED), streaming=True)
+    window.chat_page.composer.set_busy(True)
+    model.stream(1001, "", [], AnswerStats(estimated=True, prompt_read=512, prompt_to_read=1117))
+    qtbot.wait(50)
+    reading = save(window.grab(), shots_dir / f"chat-reading-{scheme}.png")
     live = stats(26.1, 0.0, 18, (93, 74, 51))
     model.stream(1001, "Use `sum(int(n) * UNIT[u] for n, u in _PART.findall(text))`, but",
                  [], replace(live, acceptance_rate=None, estimated=True))
-    window.chat_page.composer.set_busy(True)
     window.panel.begin_answer()
     window.panel.show_live(replace(live, acceptance_rate=None, estimated=True))
     qtbot.wait(400)  # the panel shows live numbers four times a second
@@ -225,7 +228,7 @@ def states(app: AnveApp, qtbot: QtBot, shots_dir: Path, scheme: str) -> list[Pat
     qtbot.wait(100)
     loading = save(window.grab(), shots_dir / f"chat-loading-{scheme}.png")
     show_worker(app)
-    return [streaming, loading]
+    return [reading, streaming, loading]
 
 
 def save(pixmap: object, path: Path) -> Path:

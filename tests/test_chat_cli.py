@@ -21,3 +21,15 @@ def test_terminal_chat_streams_answers_and_handles_commands() -> None:
     assert "commands: /method {off,ngram,suffix}" in text
     assert engine.method == "suffix" and engine.num_draft_tokens == "adaptive"
     assert "never read" not in text
+
+
+def test_terminal_chat_shows_how_much_of_a_long_prompt_it_has_read() -> None:
+    engine = ChatEngine(tiny_loaded(seed=1, scale=4.0))
+    question = ("the quick brown fox jumps " * 30).strip()  # about 170 tokens: two chunks
+    out = io.StringIO()
+    repl(engine, parse_args(["--max-tokens", "4"]), io.StringIO(question + "\n/quit\n"), out)
+    total = len(engine.encode([{"role": "user", "content": question}])) - 1
+    text = out.getvalue()
+    assert f"\r(reading the prompt: 0/{total} tokens)" in text
+    assert f"\r(reading the prompt: {total}/{total} tokens)\n" in text
+    assert "4 tokens" in text

@@ -6,9 +6,9 @@ import pytest
 
 from engine.errors import BadRequestError, PromptTooLongError
 from engine.models import LoadedModel
-from engine.protocol import Completion, TextChunk
+from engine.protocol import Completion, PromptProgress, TextChunk
 from engine.sampling import SamplingParams
-from engine.session import ChatEngine, TextAssembler
+from engine.session import READ_CHUNK, ChatEngine, TextAssembler
 from tests.tiny import tiny_loaded
 
 ASK = [{"role": "user", "content": "def add(a, b): please explain"}]
@@ -185,3 +185,61 @@ def test_a_conversation_that_comes_back_reuses_its_parked_cache(engine: ChatEngi
     assert expected.stats.cached_tokens == 0
     assert any(p.ids[: len(engine.encode(other)) - 1] == engine.encode(other)[:-1]
                for p in engine.runner.parked)  # the other chat waits parked
+
+
+def long_question(engine: ChatEngine, tokens: int) -> list[dict[str, str]]:
+    """A question whose prompt is about ``tokens`` long (within the tiny model's context)."""
+    words = ("def add(a, b): return a + b and explain why the sum is what it is " * 40).split()
+    for n in range(1, len(words)):
+        messages = [{"role": "user", "content": " ".join(words[:n])}]
+        if len(engine.encode(messages)) >= tokens:
+            return messages
+    raise AssertionError("the text is too short")
+
+
+def test_a_long_prompt_reports_how_much_of_it_was_read(engine: ChatEngine) -> None:
+    engine.runner.reset()
+    ask = long_question(engine, 200)
+    prompt = engine.encode(ask)
+    events = list(engine.generate(ask, method="off", max_tokens=5))
+    progress = [e for e in events if isinstance(e, PromptProgress)]
+    first_text = next(i for i, e in enumerate(events) if isinstance(e, TextChunk))
+    assert all(isinstance(e, PromptProgress) for e in events[:first_text])
+    total = len(prompt) - 1  # the last prompt token is fed with the first pass
+    assert [(p.read, p.total) for p in progress] == [(0, total), (READ_CHUNK, total),
+                                                      (total, total)]
+    short = list(engine.generate(ASK, method="off", max_tokens=5))
+    assert not any(isinstance(e, PromptProgress) for e in short)  # one chunk: nothing to say
+
+
+def test_a_long_prompt_counts_only_what_is_not_cached(engine: ChatEngine) -> None:
+    ask = long_question(engine, 200)
+    engine.runner.reset()
+    engine.runner.sync(engine.encode(ask)[:50])
+    events = list(engine.generate(ask, method="off", max_tokens=3))
+    progress = [(e.read, e.total) for e in events if isinstance(e, PromptProgress)]
+    total = len(engine.encode(ask)) - 1 - 50
+    assert progress == [(0, total), (READ_CHUNK, total), (total, total)]
+
+
+def test_cancelling_while_a_long_prompt_is_read_stops_before_the_answer(
+    engine: ChatEngine,
+) -> None:
+    engine.runner.reset()
+    ask = long_question(engine, 200)
+    cancel = threading.Event()
+    events = []
+    for event in engine.generate(ask, method="draft", max_tokens=20, cancel=cancel):
+        events.append(event)
+        if isinstance(event, PromptProgress) and event.read:
+            cancel.set()  # as the worker does when the client goes away
+    kinds = [type(e).__name__ for e in events]
+    assert kinds == ["PromptProgress", "PromptProgress", "Completion"]
+    done = events[-1]
+    assert isinstance(done, Completion)
+    assert done.finish_reason == "cancelled" and done.text == "" and not done.token_ids
+    assert done.stats.completion_tokens == 0 and done.stats.time_to_first_token_s is None
+    assert len(engine.runner) == READ_CHUNK  # the rest of the prompt was never read
+    _, again = answer(engine, ask, method="off", max_tokens=5)  # the next answer reads it all
+    _, fresh = answer(ChatEngine(engine.target), ask, method="off", max_tokens=5)
+    assert again.token_ids == fresh.token_ids

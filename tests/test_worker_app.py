@@ -6,6 +6,7 @@ real worker process on tiny models.
 
 import asyncio
 import contextlib
+import itertools
 import json
 import threading
 import time
@@ -16,7 +17,7 @@ from typing import Any, ClassVar
 from aiohttp.test_utils import TestClient, TestServer
 
 from engine.errors import BadRequestError, EngineError, PromptTooLongError
-from engine.protocol import Completion, SpeculationStats, TextChunk
+from engine.protocol import Completion, PromptProgress, SpeculationStats, TextChunk
 from engine.worker.auth import Auth
 from engine.worker.learning import HeadLearning
 from engine.worker.metrics import Metrics
@@ -25,10 +26,12 @@ from engine.worker.server import Worker, create_app
 from engine.worker.settings import SpeculationSettings
 
 USER = [{"role": "user", "content": "hi"}]
+READING = [PromptProgress(0, 300), PromptProgress(128, 300), PromptProgress(300, 300)]
 
 
 class FakeEngine:
-    """Answers ``w0 w1 ...``; every odd word counts as drafted. Optionally slow."""
+    """Answers ``w0 w1 ...``; every odd word counts as drafted. Optionally slow. The question
+    "a long document" is read in chunks first (:data:`READING`)."""
 
     target = SimpleNamespace(name="fake", max_context=64, memory_bytes=1234)
     draft = None
@@ -49,7 +52,10 @@ class FakeEngine:
         if messages[-1]["content"] == "crash":
             raise RuntimeError("a bug in the engine")
         self.seen.append(messages[-1]["content"])
-        return self._words(max_tokens, method or self.method, cancel or threading.Event())
+        words = self._words(max_tokens, method or self.method, cancel or threading.Event())
+        if messages[-1]["content"] == "a long document":
+            return itertools.chain(READING, words)
+        return words
 
     def check_num_draft_tokens(self, k: Any) -> int:
         if not isinstance(k, int):
@@ -176,6 +182,25 @@ def test_stream_carries_pieces_usage_and_speculation() -> None:
             assert final["usage"]["completion_tokens"] == 3
             assert final["speculation"]["method"] == "ngram"
             assert final["speculation"]["num_draft_tokens"] == 3
+
+    asyncio.run(scenario())
+
+
+def test_a_long_prompt_streams_its_reading_progress_before_the_text() -> None:
+    async def scenario() -> None:
+        async with serving(ready(FakeEngine())) as (client, worker):
+            await until(lambda: worker.scheduler.status.state == "ready")
+            ask = {"messages": [{"role": "user", "content": "a long document"}], "max_tokens": 2}
+            resp = await client.post("/v1/chat/completions", json={**ask, "stream": True})
+            lines = [ln for ln in (await resp.text()).split("\n") if ln]
+            chunks = [json.loads(ln.removeprefix("data: ")) for ln in lines[:-1]]
+            reading = [c["anve"]["prompt_progress"] for c in chunks[1:4]]
+            assert reading == [{"read": 0, "total": 300}, {"read": 128, "total": 300},
+                               {"read": 300, "total": 300}]
+            assert all(c["choices"][0]["delta"] == {} for c in chunks[1:4])  # no text yet
+            assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "w0 w1 "
+            whole = await (await client.post("/v1/chat/completions", json=ask)).json()
+            assert whole["choices"][0]["message"]["content"] == "w0 w1 "
 
     asyncio.run(scenario())
 

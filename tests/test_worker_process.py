@@ -144,6 +144,24 @@ def test_openai_client_gets_answers_and_speculation(client: OpenAI, reference: s
     assert (final.model_extra or {})["anve"]["token_ids"] == answer["anve"]["token_ids"]
 
 
+def test_a_long_prompt_streams_its_reading_to_the_openai_client(client: OpenAI) -> None:
+    document = [{"role": "user", "content": "the quick brown fox jumps " * 80}]
+    chunks = list(client.chat.completions.create(
+        model="tiny-llama", messages=document, max_tokens=4, temperature=0, stream=True,  # type: ignore[arg-type]
+    ))
+    reading = [(c.model_extra or {}).get("anve", {}).get("prompt_progress") for c in chunks]
+    reading = [r for r in reading if r is not None]
+    total = reading[0]["total"]
+    assert total > 256 and reading[0]["read"] == 0 and reading[-1] == {"read": total,
+                                                                       "total": total}
+    assert [r["read"] for r in reading] == sorted(r["read"] for r in reading)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    whole = client.chat.completions.create(
+        model="tiny-llama", messages=document, max_tokens=4, temperature=0,  # type: ignore[arg-type]
+    )
+    assert text == whole.choices[0].message.content  # the progress chunks carry no text
+
+
 @pytest.mark.parametrize(
     ("method", "k"),
     [("off", 3), ("ngram", 3), ("suffix", 3), ("draft", 3), ("draft", "adaptive")],

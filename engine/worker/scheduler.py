@@ -8,10 +8,11 @@ Contract:
 * :meth:`Scheduler.submit` is called on the event loop and never blocks it. A job's
   events arrive on ``job.events`` through ``loop.call_soon_threadsafe``: a
   :class:`Started` once the request is accepted (prompt encoded and fits), the
-  engine's ``TextChunk`` s and one ``Completion``, or an :class:`EngineError` instead.
+  engine's events (``PromptProgress`` while it reads a long prompt, ``TextChunk`` s, one
+  ``Completion``), or an :class:`EngineError` instead.
 * :meth:`Scheduler.abandon` frees a job's slot at once: a waiting job leaves the queue;
   a running one is cancelled through its ``threading.Event``, which the decoding loop
-  checks before every target pass.
+  checks before every target pass and between chunks of a long prompt.
 * :meth:`Scheduler.reload_head` asks the thread to swap in a newly installed draft head
   between two answers (at once when idle), then to publish the methods it now offers.
 * The engine is not thread-safe and is only ever touched from this thread.
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.errors import BadRequestError, EngineError
-from engine.protocol import Completion, TextChunk
+from engine.protocol import Completion, PromptProgress, TextChunk
 from engine.registry import Progress
 from engine.worker.metrics import Metrics
 from engine.worker.schema import ChatRequest
@@ -68,7 +69,7 @@ class Engine(Protocol):
         self, messages: Any, params: Any = None, *, max_tokens: int = 512,
         stop: Sequence[str] = (), method: str | None = None,
         num_draft_tokens: Any = None, cancel: threading.Event | None = None,
-    ) -> Iterator[TextChunk | Completion]: ...
+    ) -> Iterator[PromptProgress | TextChunk | Completion]: ...
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class Started:
     num_draft_tokens: DraftLength | None
 
 
-JobEvent = Started | TextChunk | Completion | EngineError
+JobEvent = Started | PromptProgress | TextChunk | Completion | EngineError
 
 
 @dataclass(eq=False)

@@ -26,7 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from engine.errors import BadRequestError, EngineError
-from engine.protocol import PROTOCOL_VERSION, Completion, TextChunk
+from engine.protocol import PROTOCOL_VERSION, Completion, PromptProgress, TextChunk
 from engine.worker.auth import Auth
 from engine.worker.learning import (
     HeadLearning,
@@ -310,10 +310,14 @@ async def _send(response: web.StreamResponse, payload: dict[str, Any]) -> None:
 async def _stream_payloads(
     worker: Worker, job: Job, answer: Answer, started: Started
 ) -> AsyncIterator[dict[str, Any]]:
-    """SSE payloads: one chunk per text event, then the final chunk (or an error)."""
+    """SSE payloads: one chunk per text event, then the final chunk (or an error). While a
+    long prompt is read, chunks with an empty delta carry ``anve.prompt_progress``."""
     while True:
         event = await job.events.get()
-        if isinstance(event, TextChunk) and event.text:
+        if isinstance(event, PromptProgress):
+            progress = {"read": event.read, "total": event.total}
+            yield chunk_json(answer, {}, anve={"prompt_progress": progress})
+        elif isinstance(event, TextChunk) and event.text:
             anve = {**pieces_json(event.pieces), "tokens": len(event.token_ids),
                     "drafted": event.drafted, "accepted": event.accepted}
             yield chunk_json(answer, {"content": event.text}, anve=anve)
