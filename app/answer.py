@@ -8,8 +8,9 @@ objects, see ``engine/worker/schema.py``) in order with the time they arrived an
 * live estimates (:meth:`AnswerStream.live_stats`): tokens, tokens/s, time to first
   token, tokens per target pass and accepted drafts per position, counted from the
   chunks (one chunk per target pass; ``anve.tokens`` counts its tokens),
-* how much of a long prompt the worker has read before the first token
-  (``anve.prompt_progress``; :func:`waiting_text` says it under the answer),
+* before the first token, how many answers the worker serves before this one
+  (``anve.queue``) and how much of a long prompt it has read (``anve.prompt_progress``);
+  :func:`waiting_text` says it under the answer,
 * the worker's measured :class:`AnswerStats` once the final chunk arrives,
 * and, from any OpenAI-compatible server, the finish reason, ``usage`` and llama.cpp's
   ``timings`` (the client maps them with :mod:`app.engines`).
@@ -62,6 +63,7 @@ class AnswerStats:
     notes: tuple[str, ...] = ()  # what the figures mean there (shared server, reset, ...)
     prompt_read: int = 0  # while a long prompt is read: its tokens read so far,
     prompt_to_read: int = 0  # of these (the part not cached); 0 when not reported
+    queue_ahead: int = 0  # while the answer waits its turn: answers before it
 
     @classmethod
     def from_final_chunk(cls, chunk: dict[str, Any]) -> "AnswerStats":
@@ -122,7 +124,11 @@ def stored_stats(stored: dict[str, Any] | None) -> AnswerStats | None:
 
 
 def waiting_text(stats: AnswerStats) -> str:
-    """What an answer with no token yet is doing: reading a long prompt, or starting."""
+    """What an answer with no token yet is doing: waiting its turn, reading a long prompt,
+    or starting."""
+    if stats.queue_ahead:
+        n = stats.queue_ahead
+        return f"Waiting for the appliance: {n} answer{'s' if n > 1 else ''} ahead of this one"
     if stats.prompt_to_read:
         share = stats.prompt_read / stats.prompt_to_read
         return f"Reading the prompt… {share:.0%} of {stats.prompt_to_read:,} tokens"
@@ -192,6 +198,7 @@ class AnswerStream:
     timings: dict[str, Any] | None = None  # llama.cpp's per-response timings
     prompt_read: int = 0  # the worker's last anve.prompt_progress: tokens read so far,
     prompt_to_read: int = 0  # of these
+    queue_ahead: int = 0  # the worker's last anve.queue: answers before this one
 
     def add(self, chunk: dict[str, Any], now: float) -> None:
         """Take one SSE payload that arrived at ``now``."""
@@ -207,7 +214,7 @@ class AnswerStream:
         if isinstance(chunk.get("timings"), dict):
             self.timings = chunk["timings"]
         anve = chunk.get("anve") or {}
-        self._read_progress(anve.get("prompt_progress"))
+        self._take_status(anve)
         content = delta.get("content") or ""
         if not content:
             return
@@ -225,8 +232,12 @@ class AnswerStream:
             self.first_token_at = now
         self.last_token_at = now
 
-    def _read_progress(self, progress: Any) -> None:
-        """Take ``{read, total}`` prompt tokens from a progress chunk (others are ignored)."""
+    def _take_status(self, anve: dict[str, Any]) -> None:
+        """Take the worker's ``queue: {ahead}`` and ``prompt_progress: {read, total}``
+        (ill-formed figures are ignored)."""
+        queue, progress = anve.get("queue"), anve.get("prompt_progress")
+        if isinstance(queue, dict) and isinstance(queue.get("ahead"), int) and queue["ahead"] >= 0:
+            self.queue_ahead = queue["ahead"]
         if not isinstance(progress, dict):
             return
         read, total = progress.get("read"), progress.get("total")
@@ -264,6 +275,7 @@ class AnswerStream:
             estimated=True,
             prompt_read=self.prompt_read,
             prompt_to_read=self.prompt_to_read,
+            queue_ahead=self.queue_ahead,
         )
 
     def stats(self, now: float) -> AnswerStats:

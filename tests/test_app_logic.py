@@ -89,6 +89,21 @@ def test_the_footer_says_how_much_of_a_long_prompt_was_read_until_the_first_toke
     assert answer.live_stats(9.5).time_to_first_token_s == pytest.approx(9.5)
 
 
+def test_the_footer_says_how_many_answers_come_before_a_waiting_one() -> None:
+    answer = AnswerStream(started=0.0)
+    for ahead, footer in ((2, "Waiting for the appliance: 2 answers ahead of this one"),
+                          (1, "Waiting for the appliance: 1 answer ahead of this one"),
+                          (0, "Answering…")):
+        answer.add({"choices": [{"index": 0, "delta": {}}], "anve": {"queue": {"ahead": ahead}}},
+                   1.0)
+        assert footer_text(answer.live_stats(1.0)) == footer
+    answer.add({"choices": [{"delta": {}}], "anve": {"queue": {"ahead": "soon"}}}, 1.5)
+    answer.add({"choices": [{"delta": {}}], "anve": {"queue": [3]}}, 1.5)
+    assert answer.live_stats(1.5).queue_ahead == 0  # ill-formed places are ignored
+    answer.add(progress(128, 300), 2.0)
+    assert footer_text(answer.live_stats(2.0)) == "Reading the prompt… 43% of 300 tokens"
+
+
 def test_stats_round_trip_and_footer() -> None:
     stats = AnswerStats.from_final_chunk(FINAL)
     assert AnswerStats.from_dict(stats.to_dict()) == stats

@@ -205,6 +205,66 @@ def test_a_long_prompt_streams_its_reading_progress_before_the_text() -> None:
     asyncio.run(scenario())
 
 
+def sse_chunks(body: str) -> list[dict[str, Any]]:
+    lines = [ln for ln in body.split("\n") if ln]
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(ln.removeprefix("data: ")) for ln in lines[:-1]]
+
+
+def test_a_waiting_stream_hears_its_place_in_the_queue() -> None:
+    gate = threading.Event()
+    engine = FakeEngine(gate=gate)
+
+    async def scenario() -> None:
+        async with serving(ready(engine)) as (client, worker):
+            sched = worker.scheduler
+            await until(lambda: sched.status.state == "ready")
+            ask = {"messages": USER, "max_tokens": 1}
+            first = asyncio.create_task(client.post("/v1/chat/completions", json=ask))
+            await until(lambda: sched.running == 1)
+            # a waiting stream gets its headers and place at once, not when its turn comes
+            second = await client.post("/v1/chat/completions", json={**ask, "stream": True})
+            third = await client.post("/v1/chat/completions", json={**ask, "stream": True})
+            assert second.status == third.status == 200 and sched.waiting == 2
+            gate.set()
+            for resp, places in ((second, [1, 0]), (third, [2, 1, 0])):
+                chunks = sse_chunks(await resp.text())
+                queue = [c["anve"]["queue"]["ahead"] for c in chunks
+                         if "queue" in c.get("anve", {})]
+                assert queue == places
+                assert all(c["choices"][0]["delta"] in ({}, {"role": "assistant", "content": ""})
+                           for c in chunks if "queue" in c.get("anve", {}))
+                text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+                assert text == "w0 " and chunks[-1]["choices"][0]["finish_reason"] == "length"
+            assert (await first).status == 200
+            alone = sse_chunks(await (await client.post(
+                "/v1/chat/completions", json={**ask, "stream": True})).text())
+            assert not any("queue" in c.get("anve", {}) for c in alone)  # served at once
+
+    asyncio.run(scenario())
+
+
+def test_an_error_found_after_waiting_comes_in_the_stream() -> None:
+    gate = threading.Event()
+    engine = FakeEngine(gate=gate)
+
+    async def scenario() -> None:
+        async with serving(ready(engine)) as (client, worker):
+            await until(lambda: worker.scheduler.status.state == "ready")
+            ask = {"messages": USER, "max_tokens": 1}
+            first = asyncio.create_task(client.post("/v1/chat/completions", json=ask))
+            await until(lambda: worker.scheduler.running == 1)
+            long = {"messages": [{"role": "user", "content": "x" * 200}], "stream": True}
+            resp = await client.post("/v1/chat/completions", json=long)
+            assert resp.status == 200  # already streaming its place when the engine refuses it
+            gate.set()
+            chunks = sse_chunks(await resp.text())
+            assert chunks[-1]["error"]["code"] == "context_length_exceeded"
+            assert (await first).status == 200
+
+    asyncio.run(scenario())
+
+
 def test_fifo_order_queue_limit_and_withdrawal() -> None:
     gate = threading.Event()
     engine = FakeEngine(gate=gate)

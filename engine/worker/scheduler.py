@@ -10,6 +10,8 @@ Contract:
   :class:`Started` once the request is accepted (prompt encoded and fits), the
   engine's events (``PromptProgress`` while it reads a long prompt, ``TextChunk`` s, one
   ``Completion``), or an :class:`EngineError` instead.
+* A job that has to wait gets :class:`Queued` events: how many answers are ahead of it,
+  at once and whenever that number changes (a job served at once gets none).
 * :meth:`Scheduler.abandon` frees a job's slot at once: a waiting job leaves the queue;
   a running one is cancelled through its ``threading.Event``, which the decoding loop
   checks before every target pass and between chunks of a long prompt.
@@ -86,7 +88,14 @@ class Started:
     num_draft_tokens: DraftLength | None
 
 
-JobEvent = Started | PromptProgress | TextChunk | Completion | EngineError
+@dataclass(frozen=True)
+class Queued:
+    """The request waits: ``ahead`` answers (the running one included) come before it."""
+
+    ahead: int
+
+
+JobEvent = Queued | Started | PromptProgress | TextChunk | Completion | EngineError
 
 
 @dataclass(eq=False)
@@ -98,6 +107,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: "asyncio.Queue[JobEvent]" = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
+    ahead: int = 0  # the last position announced with Queued
 
     def emit(self, event: JobEvent) -> None:
         """Hand ``event`` to the event loop (from the engine thread)."""
@@ -177,7 +187,17 @@ class Scheduler:
                     f"{len(self._queue)} requests are already waiting; try again shortly"
                 )
             self._queue.append(job)
+            self._announce_positions()
             self._cond.notify()
+
+    def _announce_positions(self) -> None:
+        """Tell each waiting job how many answers are ahead of it, when that changed
+        (called with the lock held)."""
+        running = int(self._running is not None)
+        for i, job in enumerate(self._queue):
+            if job.ahead != i + running:
+                job.ahead = i + running
+                job.emit(Queued(job.ahead))
 
     def reload_head(self) -> None:
         """Swap in the target's installed draft head before the next answer."""
@@ -191,6 +211,7 @@ class Scheduler:
         with self._cond:
             if job in self._queue:
                 self._queue.remove(job)
+                self._announce_positions()
 
     def stop(self, timeout: float = 5.0) -> None:
         with self._cond:
@@ -266,6 +287,7 @@ class Scheduler:
             if self._chores:
                 return self._chores.popleft()
             self._running = self._queue.popleft()
+            self._announce_positions()
             return self._running
 
     def _run(self, engine: Engine, job: Job) -> None:

@@ -6,7 +6,9 @@ Routes: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``,
 (:mod:`engine.worker.learning`). Every error is OpenAI's shape
 ``{"error": {"message", "type", "code", "param"}}`` with a fitting status (400 bad
 input, 401/403 auth, 404/405 routing, 409 a run already going, 413 body too large, 503
-loading or queue full).
+loading or queue full). A streamed answer that has to wait for others starts streaming at
+once with its place in the queue; an error the engine finds once its turn comes (a
+prompt too long, say) then arrives in the stream in the same shape.
 
 Handlers only parse, queue and relay: generation runs on the scheduler's thread, so
 the event loop never blocks and ``/health`` answers while an answer is generated.
@@ -36,7 +38,14 @@ from engine.worker.learning import (
     check_tuning,
 )
 from engine.worker.metrics import CONTENT_TYPE, Metrics
-from engine.worker.scheduler import Job, NotReadyError, QueueFullError, Scheduler, Started
+from engine.worker.scheduler import (
+    Job,
+    NotReadyError,
+    Queued,
+    QueueFullError,
+    Scheduler,
+    Started,
+)
 from engine.worker.schema import (
     Answer,
     FieldError,
@@ -234,8 +243,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     job = Job(chat, decision, asyncio.get_running_loop())
     worker.scheduler.submit(job)
     try:
-        started = _expect_started(await job.events.get())
+        first = await job.events.get()
         answer = Answer(worker.model_id)
+        if chat.stream and isinstance(first, Queued):  # say so while it waits
+            return await _stream(request, job, answer, first)
+        while isinstance(first, Queued):
+            first = await job.events.get()
+        started = _expect_started(first)
         if chat.stream:
             return await _stream(request, job, answer, started)
         return await _collect(job, answer, started)
@@ -244,6 +258,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 def _expect_started(event: object) -> Started:
+    """``event`` if the engine started the answer; its error raised; else out of order."""
     if isinstance(event, Started):
         return event
     if isinstance(event, EngineError):
@@ -288,14 +303,14 @@ def merge_pieces(pieces: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
 
 
 async def _stream(
-    request: web.Request, job: Job, answer: Answer, started: Started
+    request: web.Request, job: Job, answer: Answer, first: Started | Queued
 ) -> web.StreamResponse:
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
     worker = request.app[WORKER]
     try:
         await _send(response, chunk_json(answer, {"role": "assistant", "content": ""}))
-        async for payload in _stream_payloads(worker, job, answer, started):
+        async for payload in _stream_payloads(worker, job, answer, first):
             await _send(response, payload)
         await response.write(b"data: [DONE]\n\n")
     except ConnectionResetError:
@@ -307,14 +322,27 @@ async def _send(response: web.StreamResponse, payload: dict[str, Any]) -> None:
     await response.write(b"data: " + json.dumps(payload).encode("utf-8") + b"\n\n")
 
 
+def _queue_chunk(answer: Answer, ahead: int) -> dict[str, Any]:
+    return chunk_json(answer, {}, anve={"queue": {"ahead": ahead}})
+
+
 async def _stream_payloads(
-    worker: Worker, job: Job, answer: Answer, started: Started
+    worker: Worker, job: Job, answer: Answer, first: Started | Queued
 ) -> AsyncIterator[dict[str, Any]]:
-    """SSE payloads: one chunk per text event, then the final chunk (or an error). While a
-    long prompt is read, chunks with an empty delta carry ``anve.prompt_progress``."""
+    """SSE payloads: one chunk per text event, then the final chunk (or an error). Chunks
+    with an empty delta carry ``anve.queue`` (answers ahead of this one, while it waits;
+    0 once it starts) and ``anve.prompt_progress`` (while a long prompt is read)."""
+    started = first if isinstance(first, Started) else None
+    if isinstance(first, Queued):
+        yield _queue_chunk(answer, first.ahead)
     while True:
         event = await job.events.get()
-        if isinstance(event, PromptProgress):
+        if isinstance(event, Queued) and started is None:
+            yield _queue_chunk(answer, event.ahead)
+        elif isinstance(event, Started):
+            started = event
+            yield _queue_chunk(answer, 0)
+        elif isinstance(event, PromptProgress):
             progress = {"read": event.read, "total": event.total}
             yield chunk_json(answer, {}, anve={"prompt_progress": progress})
         elif isinstance(event, TextChunk) and event.text:
@@ -322,7 +350,7 @@ async def _stream_payloads(
                     "drafted": event.drafted, "accepted": event.accepted}
             yield chunk_json(answer, {"content": event.text}, anve=anve)
         elif isinstance(event, Completion):
-            final = _final_fields(job, event, started)
+            final = _final_fields(job, event, _expect_started(started))
             yield chunk_json(answer, {}, event.finish_reason, **final)
             return
         elif isinstance(event, EngineError):
