@@ -140,7 +140,8 @@ def footer_text(stats: AnswerStats) -> str:
     while it streams with no token yet, :func:`waiting_text`)."""
     if stats.estimated and not stats.completion_tokens and stats.finish_reason is None:
         return waiting_text(stats)
-    parts = [f"{stats.completion_tokens} tokens"]
+    n = stats.completion_tokens
+    parts = [f"{n} token{'' if n == 1 else 's'}"]
     if stats.tokens_per_second is not None:
         parts.append(f"{stats.tokens_per_second:.1f} tok/s")
     if stats.time_to_first_token_s is not None:

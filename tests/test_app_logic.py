@@ -85,7 +85,7 @@ def test_the_footer_says_how_much_of_a_long_prompt_was_read_until_the_first_toke
     assert answer.text == "" and answer.first_token_at is None
     answer.add(progress(1117, 1117), 9.0)
     answer.add(chunk("Hi", [["Hi", False]], 1), 9.5)
-    assert footer_text(answer.live_stats(9.5)).startswith("≈ 1 tokens")
+    assert footer_text(answer.live_stats(9.5)).startswith("≈ 1 token · ")
     assert answer.live_stats(9.5).time_to_first_token_s == pytest.approx(9.5)
 
 
