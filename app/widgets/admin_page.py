@@ -353,7 +353,9 @@ class AdminPage(QWidget):
         group.addButton(self.fixed)
         self.fixed.toggled.connect(self.length.setEnabled)
         row = QHBoxLayout()
+        row.setSpacing(8)
         row.addWidget(self.adaptive)
+        row.addSpacing(16)  # the two choices apart; the length belongs to "Fixed"
         row.addWidget(self.fixed)
         row.addWidget(self.length)
         row.addStretch()
