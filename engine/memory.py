@@ -4,9 +4,11 @@ Contract: :func:`check_memory` raises :class:`InsufficientMemoryError` (saying h
 is needed, how much is free and what to do) when an estimate does not fit in the memory
 available now; nothing is allocated before it passes. The estimates come from file sizes
 and tensor shapes alone, and were measured here as the peak RSS of a fresh process
-(2026-12-01): converting Qwen2.5-Coder 1.5B's Q4_K_M GGUF 8.7 GiB (6.6 GiB of float32
-weights), SmolLM2 135M's 1.2 GiB (0.5 GiB); loading the Qwen pair onto the int4 kernels
-from their built caches 2.6 GiB (the estimate: 4.1 GiB).
+(2026-12-01): converting Qwen2.5-Coder 1.5B's Q4_K_M GGUF tensor by tensor 3.3 GiB (the
+file, mapped, plus its largest tensor dense: the 0.9 GiB embedding), SmolLM2 135M's
+0.6 GiB; through transformers (other architectures) 8.7 GiB and 1.1 GiB (6.6 and 0.5
+GiB of float32 weights); loading the Qwen pair onto the int4 kernels from their built
+caches 2.6 GiB (the estimate: 4.1 GiB).
 """
 
 from pathlib import Path
@@ -18,7 +20,8 @@ from engine.errors import InsufficientMemoryError
 
 HEADROOM = 1.15  # activations, KV cache and allocator slack on top of the weights
 RUNTIME_BYTES = 1 << 30  # Python, torch, transformers, the tokenizers (~0.5 GiB measured)
-CONVERSION_FACTOR = 1.1  # converting holds the dense float32 weights and copies of some
+CONVERSION_FACTOR = 1.1  # transformers' conversion holds all dense weights, copies of some
+STREAM_FACTOR = 2  # the tensor by tensor one: the largest tensor dense and a temporary
 
 
 def check_memory(needed: int, what: str) -> None:
@@ -36,8 +39,11 @@ def check_memory(needed: int, what: str) -> None:
 
 def conversion_bytes(gguf: Path) -> int:
     """About the model data converting ``gguf`` into float32 safetensors holds at once."""
+    from engine.convert import STREAMED
     from engine.quant import read_gguf  # numpy memory map of the header and tensors
 
-    _, tensors = read_gguf(gguf)
-    elements = sum(int(np.prod(t.shape, dtype=np.int64)) for t in tensors.values())
-    return int(elements * 4 * CONVERSION_FACTOR)
+    fields, tensors = read_gguf(gguf)
+    elements = [int(np.prod(t.shape, dtype=np.int64)) for t in tensors.values()]
+    if fields.get("general.architecture") in STREAMED:  # engine.convert: one at a time
+        return int(gguf.stat().st_size + max(elements, default=0) * 4 * STREAM_FACTOR)
+    return int(sum(elements) * 4 * CONVERSION_FACTOR)

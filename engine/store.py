@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import paths, registry
+from engine.convert import convert_streaming, streams
 from engine.errors import UnknownModelError
 from engine.memory import check_memory, conversion_bytes
 from engine.registry import Progress
@@ -136,13 +137,34 @@ def _tensor_progress(progress: Progress) -> Iterator[None]:
 
 
 def convert(gguf_file: Path, cache: Path, sha: str, progress: Progress) -> None:
-    """Dequantize ``gguf_file`` with transformers and save it as safetensors in ``cache``."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    """Dequantize ``gguf_file`` into float32 safetensors in ``cache``: tensor by tensor
+    (:mod:`engine.convert`) for Llama and Qwen2 files, else through transformers."""
     log.info("converting %s into %s", gguf_file, cache)
     tmp = cache.with_name(cache.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
+    if streams(gguf_file):
+        convert_streaming(gguf_file, tmp, progress)
+    else:
+        convert_with_transformers(gguf_file, tmp, progress)
+    files = {f.name: f.stat().st_size for f in tmp.iterdir() if f.is_file()}
+    manifest = {
+        "format": CACHE_FORMAT,
+        "source": gguf_file.name,
+        "source_sha256": sha,
+        "dtype": "float32",
+        "files": files,
+    }
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    shutil.rmtree(cache, ignore_errors=True)
+    os.replace(tmp, cache)
+
+
+def convert_with_transformers(gguf_file: Path, tmp: Path, progress: Progress) -> None:
+    """transformers' own way into the folder ``tmp``: every dense tensor and the model in
+    memory at once (the reference :mod:`engine.convert` is tested against)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     progress(0.02, f"reading the tokenizer of {gguf_file.name}")
     tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
     progress(0.08, f"reading {gguf_file.name}")
@@ -157,16 +179,4 @@ def convert(gguf_file: Path, cache: Path, sha: str, progress: Progress) -> None:
         del model.config.quantization_config
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    del model
-    files = {f.name: f.stat().st_size for f in tmp.iterdir() if f.is_file()}
-    manifest = {
-        "format": CACHE_FORMAT,
-        "source": gguf_file.name,
-        "source_sha256": sha,
-        "dtype": "float32",
-        "files": files,
-    }
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    shutil.rmtree(cache, ignore_errors=True)
-    os.replace(tmp, cache)
 

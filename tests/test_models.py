@@ -194,7 +194,17 @@ def test_conversion_is_refused_before_it_starts_without_the_memory(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    assert memory.conversion_bytes(gguf) == int((64 + 16) * 32 * 4 * memory.CONVERSION_FACTOR)
+    # a Llama file converts one tensor at a time: the file and its largest tensor dense
+    largest = 64 * 32 * 4 * memory.STREAM_FACTOR
+    assert memory.conversion_bytes(gguf) == gguf.stat().st_size + largest
+    other = tmp_path / "other.gguf"  # an architecture transformers converts, all at once
+    writer = GGUFWriter(other, "gpt2")
+    writer.add_tensor("token_embd.weight", np.zeros((64, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert memory.conversion_bytes(other) == int(64 * 32 * 4 * memory.CONVERSION_FACTOR)
 
     free_memory(monkeypatch, 1000)
     monkeypatch.setattr(store, "convert", pytest.fail)

