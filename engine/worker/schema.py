@@ -10,7 +10,9 @@ a response carries ``speculation`` (what the answer measured) and chunks carry
 draft tokens (streamed chunks also carry ``anve.tokens``, ``anve.drafted`` and
 ``anve.accepted``, the tokens, drafts and accepted drafts of that pass; the
 final chunk and the non-streamed answer carry ``anve.token_ids``, the answer's token ids,
-so clients can check two answers are identical token for token).
+so clients can check two answers are identical token for token). Before its first text, a
+streamed answer may get chunks with an empty delta and ``anve.queue`` (``{ahead}``: answers
+served before it) or ``anve.prompt_progress`` (``{read, total}`` prompt tokens).
 Unknown request fields are ignored, as OpenAI-compatible servers do.
 """
 
