@@ -109,5 +109,5 @@ def convert_streaming(gguf: Path, out: Path, progress: Callable[[float, str], No
             if dense.shape != shape:
                 raise ValueError(f"{gguf.name}: {tensor.name} dequantized to {dense.shape}, "
                                  f"not {shape}")
-            f.write(memoryview(dense).cast("B"))
+            f.write(dense.data)  # the array's own bytes, no copy
     log.info("converted %s tensor by tensor (%d tensors)", gguf.name, len(plan))

@@ -111,6 +111,7 @@ def prefix_copy(cache: DynamicCache, config: Any, length: int) -> DynamicCache |
     for old, new in zip(cache.layers, copy.layers, strict=True):
         if not isinstance(old, GrowingLayer) or not old.is_initialized or old._length < length:
             return None
+        assert isinstance(new, GrowingLayer) and old.keys is not None and old.values is not None
         new.update(old.keys[..., :length, :], old.values[..., :length, :])  # copies
     return copy
 
