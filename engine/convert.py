@@ -49,9 +49,9 @@ def safetensors_header(entries: list[tuple[str, tuple[int, ...]]]) -> bytes:
     return len(text).to_bytes(8, "little") + text
 
 
-def _tensor_plan(gguf: Path) -> tuple[Any, list[tuple[GGUFTensor, str, tuple[int, ...]]], Any, Any]:
-    """The model's config and a plan: each GGUF tensor that maps to a parameter, with the
-    parameter's name and shape; plus the tensor processor and an empty (meta) model."""
+def _tensor_plan(gguf: Path) -> tuple[list[tuple[GGUFTensor, str, tuple[int, ...]]], Any, Any]:
+    """A plan: each GGUF tensor that maps to a parameter, with the parameter's name and
+    shape; plus the tensor processor and the empty (meta) model, with its config."""
     import torch
     from transformers import CONFIG_MAPPING, AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import (
@@ -80,7 +80,7 @@ def _tensor_plan(gguf: Path) -> tuple[Any, list[tuple[GGUFTensor, str, tuple[int
             raise ValueError(f"{gguf.name}: tensor {tensor.name} has shape {shape}, but the "
                              f"model's {name} needs {tuple(params[name].shape)}")
         plan.append((tensor, name, shape))
-    return config, plan, processor, model
+    return plan, processor, model
 
 
 def convert_streaming(gguf: Path, out: Path, progress: Callable[[float, str], None]) -> None:
@@ -93,10 +93,10 @@ def convert_streaming(gguf: Path, out: Path, progress: Callable[[float, str], No
     progress(0.02, f"reading the tokenizer of {gguf.name}")
     AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
     progress(0.08, f"reading {gguf.name}")
-    config, plan, processor, model = _tensor_plan(gguf)
-    config.architectures = [type(model).__name__]
-    config.dtype = torch.float32
-    config.save_pretrained(out)
+    plan, processor, model = _tensor_plan(gguf)
+    model.config.architectures = [type(model).__name__]
+    model.config.dtype = torch.float32
+    model.config.save_pretrained(out)
     model.generation_config.save_pretrained(out)
     with open(out / "model.safetensors", "wb") as f:
         f.write(safetensors_header([(name, shape) for _, name, shape in plan]))
