@@ -4,20 +4,24 @@ Decoding the whole answer after every token is quadratic, and decoding tokens on
 one breaks multi-byte characters and words whose spacing depends on the previous
 token. Like vLLM and TGI, we decode a short window twice (with and without the new
 tokens) and emit the difference, holding text back while it ends in an incomplete
-UTF-8 sequence (the replacement character).
+UTF-8 sequence (the replacement character). Seeded with the ids of text already shown
+(an answer being continued), it emits only what follows them.
 """
 
+from collections.abc import Sequence
 from typing import Any
+
+SEED_WINDOW = 5  # ids of the seed decoded again with the first new ones (vLLM's offset)
 
 
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, seed: Sequence[int] = ()) -> None:
         self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.prefix_offset = 0  # start of the decode window
-        self.read_offset = 0  # ids before this have had their text emitted
+        self.ids: list[int] = list(seed)
+        self.prefix_offset = max(0, len(self.ids) - SEED_WINDOW)  # start of the decode window
+        self.read_offset = len(self.ids)  # ids before this have had their text emitted
 
     def _decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))

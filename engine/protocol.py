@@ -15,6 +15,12 @@ METHODS = ("draft", "ngram", "suffix", "hybrid", "eagle", "off")
 ACCELERATIONS = ("auto", "off", "fp32", "int4", "int4+int8")
 """Linear-layer kernels (:mod:`engine.accelerate` modes); ``auto`` picks per model."""
 
+ROLLING_WINDOW, STOP_AT_LIMIT = "rolling_window", "stop"
+CONTEXT_OVERFLOW = (ROLLING_WINDOW, STOP_AT_LIMIT)
+"""What to do when a conversation outgrows the model's context: leave out its oldest
+turns (the system prompt and the latest turn are always kept), or refuse it with a
+``context_length_exceeded`` error."""
+
 
 @dataclass(frozen=True)
 class SpeculationStats:
@@ -78,6 +84,16 @@ class PromptProgress:
 
     read: int
     total: int
+
+
+@dataclass(frozen=True)
+class ContextWindow:
+    """The conversation did not fit the model's context: its ``dropped_messages`` oldest
+    messages (after the system prompt) were left out, leaving ``prompt_tokens``. Sent
+    first, and only when something was left out."""
+
+    dropped_messages: int
+    prompt_tokens: int
 
 
 @dataclass(frozen=True)

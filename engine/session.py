@@ -9,6 +9,20 @@ A long prompt is read in chunks of :data:`READ_CHUNK` tokens: between them the a
 reports its progress (:class:`PromptProgress`) and can be cancelled, so a document that
 takes the target half a minute to read shows how far it got and stops when asked.
 
+A conversation that outgrows the model's context is refused
+(:class:`PromptTooLongError`, ``overflow="stop"``) or, with ``overflow="rolling_window"``,
+loses its oldest turns (a user message and the answers after it) until the prompt
+leaves room for the answer (``max_tokens``, at most half the context); the leading
+system messages and the latest turn are always kept, and a :class:`ContextWindow`
+event says how many messages were left out. The window moves :data:`ROLL_TURNS` turns
+at a time, so follow-up questions keep the same start and reuse the cached prompt.
+
+``continue_final=True`` continues the last message, an assistant's partial answer (one
+stopped at its token limit): the prompt is the chat template up to the answer's
+generation prompt followed by the answer's own tokens, so where the answer's text
+tokenizes back to the tokens it was generated as, greedy decoding continues exactly as
+it would have with a larger limit. Only the new text is streamed.
+
 A ChatEngine runs one generation at a time; the worker serialises requests.
 """
 
@@ -16,7 +30,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,7 +46,15 @@ from engine.drafters.suffix import SuffixDrafter
 from engine.errors import BadRequestError, PromptTooLongError
 from engine.models import LoadedModel, load_pair
 from engine.policy import DraftPolicy
-from engine.protocol import METHODS, Completion, PromptProgress, TextChunk
+from engine.protocol import (
+    CONTEXT_OVERFLOW,
+    METHODS,
+    STOP_AT_LIMIT,
+    Completion,
+    ContextWindow,
+    PromptProgress,
+    TextChunk,
+)
 from engine.registry import Progress
 from engine.runner import ModelRunner
 from engine.sampling import SamplingParams
@@ -42,6 +65,7 @@ ROLES = ("system", "user", "assistant")
 MAX_DRAFT_TOKENS = 16
 MAX_ADAPTIVE = 8  # the adaptive policy's longest draft
 READ_CHUNK = 128  # prompt tokens read between progress reports and cancel checks (~3 s)
+ROLL_TURNS = 4  # a rolling window leaves out the oldest turns this many at a time
 ADAPTIVE: Literal["adaptive"] = "adaptive"
 # The method an engine starts with. n-gram lookup (adaptive) was the fastest single
 # method on the benchmark's 16 prompts in both runs that had all adaptive rows
@@ -50,11 +74,14 @@ ADAPTIVE: Literal["adaptive"] = "adaptive"
 # second model. Admins switch to another method per worker or per request.
 DEFAULT_METHOD = "ngram"
 DraftLength = int | Literal["adaptive"]
-Event = PromptProgress | TextChunk | Completion
+Event = ContextWindow | PromptProgress | TextChunk | Completion
 
 
-def validate_messages(messages: Any) -> list[dict[str, str]]:
-    """Check the OpenAI-style message list; return it as plain dicts."""
+def validate_messages(messages: Any, continue_final: bool = False) -> list[dict[str, str]]:
+    """Check the OpenAI-style message list; return it as plain dicts.
+
+    The last message is a non-empty question, or, with ``continue_final``, the
+    assistant's answer to continue."""
     if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
         raise BadRequestError("messages must be a non-empty list of {role, content} objects")
     out = []
@@ -67,9 +94,54 @@ def validate_messages(messages: Any) -> list[dict[str, str]]:
         if not isinstance(content, str):
             raise BadRequestError(f"messages[{i}].content must be a string")
         out.append({"role": role, "content": content})
-    if out[-1]["role"] != "user" or not out[-1]["content"].strip():
+    if continue_final:
+        if out[-1]["role"] != "assistant":
+            raise BadRequestError("to continue an answer, the last message must be the "
+                                  "assistant's answer so far")
+    elif out[-1]["role"] != "user" or not out[-1]["content"].strip():
         raise BadRequestError("the last message must be a non-empty user message")
     return out
+
+
+def split_turns(messages: Sequence[dict[str, str]]
+                ) -> tuple[list[dict[str, str]], list[list[dict[str, str]]]]:
+    """The leading system messages, and the rest as turns: each starts at a user message
+    and holds the answers after it (messages before the first question are a turn too)."""
+    start = 0
+    while start < len(messages) and messages[start]["role"] == "system":
+        start += 1
+    turns: list[list[dict[str, str]]] = []
+    for message in messages[start:]:
+        if not turns or message["role"] == "user":
+            turns.append([])
+        turns[-1].append(message)
+    return list(messages[:start]), turns
+
+
+def _window_starts(turns: int) -> list[int]:
+    """How many leading turns a rolling window may leave out, fewest first: multiples of
+    :data:`ROLL_TURNS`, and all but the latest turn."""
+    return sorted({min(k, turns - 1) for k in range(ROLL_TURNS, turns - 1 + ROLL_TURNS,
+                                                    ROLL_TURNS)})
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A conversation as the target reads it."""
+
+    ids: list[int]
+    dropped_messages: int = 0  # left out by a rolling window
+    answer_ids: tuple[int, ...] = ()  # the continued answer's tokens, at the end of ``ids``
+
+
+def _ahead(first: ContextWindow, events: Iterator[Event]) -> Generator[Event, None, None]:
+    yield first
+    yield from events
+
+
+def _check_max_tokens(max_tokens: Any) -> None:
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise BadRequestError("max_tokens must be a positive integer")
 
 
 class TextAssembler:
@@ -205,16 +277,77 @@ class ChatEngine:
 
     def encode(self, messages: Any) -> list[int]:
         """Validate ``messages`` and apply the chat template; return prompt ids."""
-        checked = validate_messages(messages)
+        return self.fit(messages).ids
+
+    def _render(self, messages: list[dict[str, str]], continue_final: bool
+                ) -> tuple[list[int], tuple[int, ...]]:
+        """Prompt ids, and the ids of the answer being continued at their end."""
         tok = self.target.tokenizer
-        text = tok.apply_chat_template(checked, tokenize=False, add_generation_prompt=True)
-        ids: list[int] = tok.encode(text, add_special_tokens=False)
-        if len(ids) >= self.target.max_context:
-            raise PromptTooLongError(
-                f"the conversation is {len(ids)} tokens but {self.target.name} holds at most "
-                f"{self.target.max_context - 1} before answering; shorten it or start a new one"
-            )
-        return ids
+
+        def ids(text: str) -> list[int]:
+            return list(tok.encode(text, add_special_tokens=False))
+
+        if not continue_final:
+            return ids(tok.apply_chat_template(messages, tokenize=False,
+                                               add_generation_prompt=True)), ()
+        whole = tok.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+        head = tok.apply_chat_template(messages[:-1], tokenize=False,
+                                       add_generation_prompt=True) if messages[:-1] else None
+        if head is None or not whole.startswith(head):  # a template that renders answers
+            return ids(whole), ()  # differently from how it prompts for them
+        answer = ids(whole[len(head):])
+        return ids(head) + answer, tuple(answer)
+
+    def _too_long(self, tokens: int, what: str = "conversation") -> PromptTooLongError:
+        return PromptTooLongError(
+            f"the {what} is {tokens} tokens but {self.target.name} holds at most "
+            f"{self.target.max_context - 1} before answering; shorten it or start a new one"
+        )
+
+    def fit(self, messages: Any, *, continue_final: bool = False,
+            overflow: str = STOP_AT_LIMIT, reserve: int = 0) -> Prompt:
+        """Validate ``messages`` and tokenize them with the chat template, fitting them
+        into the context as ``overflow`` says (a rolling window leaves ``reserve`` tokens,
+        at most half the context, for the answer)."""
+        checked = validate_messages(messages, continue_final)
+        if overflow not in CONTEXT_OVERFLOW:
+            raise BadRequestError(f"context_overflow must be one of {', '.join(CONTEXT_OVERFLOW)}"
+                                  f", not {overflow!r}")
+        limit = self.target.max_context
+        room = min(max(reserve, 0), limit // 2)
+        ids, answer = self._render(checked, continue_final)
+        if len(ids) + room <= limit or overflow == STOP_AT_LIMIT:
+            if len(ids) >= limit:
+                raise self._too_long(len(ids))
+            return Prompt(ids, 0, answer)
+        head, turns = split_turns(checked)
+        starts = _window_starts(len(turns))
+        if not starts:  # one turn: nothing to leave out
+            if len(ids) >= limit:
+                raise self._too_long(len(ids))
+            return Prompt(ids, 0, answer)
+        tried: dict[int, Prompt] = {}
+
+        def window(k: int) -> Prompt:
+            if k not in tried:
+                kept = head + [m for turn in turns[k:] for m in turn]
+                window_ids, window_answer = self._render(kept, continue_final)
+                tried[k] = Prompt(window_ids, sum(len(t) for t in turns[:k]), window_answer)
+            return tried[k]
+
+        low, high = 0, len(starts) - 1  # the first start whose window fits, else the last
+        while low < high:
+            mid = (low + high) // 2
+            if len(window(starts[mid]).ids) + room <= limit:
+                high = mid
+            else:
+                low = mid + 1
+        fitted = window(starts[low])
+        if len(fitted.ids) >= limit:
+            raise self._too_long(len(fitted.ids), "system prompt with the latest question")
+        log.info("rolling window: %d of %d messages left out, %d prompt tokens",
+                 fitted.dropped_messages, len(checked), len(fitted.ids))
+        return fitted
 
     def generate(
         self,
@@ -226,13 +359,23 @@ class ChatEngine:
         method: str | None = None,
         num_draft_tokens: DraftLength | None = None,
         cancel: threading.Event | None = None,
+        overflow: str = STOP_AT_LIMIT,
+        continue_final: bool = False,
     ) -> Generator[Event, None, None]:
-        """Answer ``messages``: yields :class:`PromptProgress` while reading a long prompt,
-        then :class:`TextChunk` s, then one :class:`Completion`."""
-        return self.generate_ids(
-            self.encode(messages), params, max_tokens=max_tokens, stop=stop, method=method,
-            num_draft_tokens=num_draft_tokens, cancel=cancel,
+        """Answer ``messages`` (or continue its last, ``continue_final``): yields a
+        :class:`ContextWindow` when a rolling window (``overflow``) left messages out,
+        :class:`PromptProgress` while reading a long prompt, then :class:`TextChunk` s,
+        then one :class:`Completion`."""
+        _check_max_tokens(max_tokens)
+        prompt = self.fit(messages, continue_final=continue_final, overflow=overflow,
+                          reserve=max_tokens)
+        events = self.generate_ids(
+            prompt.ids, params, max_tokens=max_tokens, stop=stop, method=method,
+            num_draft_tokens=num_draft_tokens, cancel=cancel, answer_prefix=prompt.answer_ids,
         )
+        if prompt.dropped_messages:
+            return _ahead(ContextWindow(prompt.dropped_messages, len(prompt.ids)), events)
+        return events
 
     def generate_ids(
         self,
@@ -244,22 +387,25 @@ class ChatEngine:
         method: str | None = None,
         num_draft_tokens: DraftLength | None = None,
         cancel: threading.Event | None = None,
+        answer_prefix: Sequence[int] = (),
     ) -> Generator[Event, None, None]:
-        """Like :meth:`generate` for an already tokenized prompt."""
+        """Like :meth:`generate` for an already tokenized prompt; ``answer_prefix`` are the
+        ids at its end that belong to the answer being continued (its text is not sent
+        again, and the new text joins it as one detokenization would)."""
         params = params or SamplingParams()
         method = self.check_method(self.method if method is None else method)
         k = self.check_num_draft_tokens(
             self.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
         )
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise BadRequestError("max_tokens must be a positive integer")
+        _check_max_tokens(max_tokens)
         if not prompt or len(prompt) >= self.target.max_context:
             raise PromptTooLongError(
                 f"the prompt must hold 1 to {self.target.max_context - 1} tokens, not {len(prompt)}"
             )
         if isinstance(stop, str):
             stop = [stop]
-        return self._run(list(prompt), params, max_tokens, list(stop), method, k, cancel)
+        return self._run(list(prompt), params, max_tokens, list(stop), method, k, cancel,
+                         tuple(answer_prefix))
 
     def _policy(self, method: str) -> DraftPolicy:
         """The method's adaptive policy: costs measured on earlier answers are kept."""
@@ -294,6 +440,7 @@ class ChatEngine:
         method: str,
         k: DraftLength,
         cancel: threading.Event | None,
+        answer_prefix: tuple[int, ...] = (),
     ) -> Generator[Event, None, None]:
         adaptive = k == ADAPTIVE and method != "off"
         recorder = StatsRecorder(method, method != "off", len(prompt), adaptive=adaptive)
@@ -306,7 +453,7 @@ class ChatEngine:
         if not read:
             yield Completion("", "cancelled", (), recorder.finish())
             return
-        detok = IncrementalDetokenizer(self.target.tokenizer)
+        detok = IncrementalDetokenizer(self.target.tokenizer, answer_prefix)
         text = TextAssembler(stop)
         steps = decode(
             self.runner, prompt, params=params, max_new_tokens=max_tokens,
@@ -335,4 +482,5 @@ class ChatEngine:
         suffix = self.drafters["suffix"]
         if isinstance(suffix, SuffixDrafter):
             suffix.add_document(detok.ids)
-        yield Completion(text.text, finish, tuple(detok.ids), recorder.finish())
+        new_ids = tuple(detok.ids[len(answer_prefix):])
+        yield Completion(text.text, finish, new_ids, recorder.finish())

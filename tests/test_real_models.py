@@ -52,6 +52,27 @@ def test_light_model_follow_up_feeds_only_the_new_turn(light_engine: ChatEngine)
 
 
 @pytest.mark.model
+def test_light_model_continues_a_cut_answer_as_a_larger_limit_would(
+    light_engine: ChatEngine,
+) -> None:
+    for prompt in PROMPTS:
+        whole = greedy_answer(light_engine, prompt, "off", 40)
+        first = greedy_answer(light_engine, prompt, "off", 16)
+        assert first.finish_reason == "length"
+        messages = [{"role": "user", "content": prompt},
+                    {"role": "assistant", "content": first.text}]
+        fitted = light_engine.fit(messages, continue_final=True)
+        assert fitted.answer_ids == first.token_ids  # the answer's text tokenizes back
+        for method in ("off", "ngram"):
+            *_, rest = light_engine.generate(messages, max_tokens=24, method=method,
+                                             continue_final=True)
+            assert isinstance(rest, Completion)
+            assert first.token_ids + rest.token_ids == whole.token_ids, (prompt, method)
+            assert first.text + rest.text == whole.text
+            assert rest.stats.cached_tokens >= len(fitted.ids) - len(first.token_ids) - 1
+
+
+@pytest.mark.model
 def test_light_model_second_prepare_uses_the_cache(
     light_engine: ChatEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:

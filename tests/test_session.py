@@ -1,4 +1,5 @@
-"""ChatEngine on a tiny model: messages, streaming text, stops, cancellation, cache reuse."""
+"""ChatEngine on a tiny model: messages, streaming text, stops, cancellation, cache reuse,
+continuing an answer, and the rolling context window."""
 
 import threading
 
@@ -6,9 +7,9 @@ import pytest
 
 from engine.errors import BadRequestError, PromptTooLongError
 from engine.models import LoadedModel
-from engine.protocol import Completion, PromptProgress, TextChunk
+from engine.protocol import ROLLING_WINDOW, Completion, ContextWindow, PromptProgress, TextChunk
 from engine.sampling import SamplingParams
-from engine.session import READ_CHUNK, ChatEngine, TextAssembler
+from engine.session import READ_CHUNK, ROLL_TURNS, ChatEngine, TextAssembler, split_turns
 from tests.tiny import tiny_loaded
 
 ASK = [{"role": "user", "content": "def add(a, b): please explain"}]
@@ -243,3 +244,98 @@ def test_cancelling_while_a_long_prompt_is_read_stops_before_the_answer(
     _, again = answer(engine, ask, method="off", max_tokens=5)  # the next answer reads it all
     _, fresh = answer(ChatEngine(engine.target), ask, method="off", max_tokens=5)
     assert again.token_ids == fresh.token_ids
+
+
+# --- continuing an answer -------------------------------------------------------------------
+
+
+def test_a_continued_answer_goes_on_exactly_where_the_limit_stopped_it(engine: ChatEngine) -> None:
+    _, whole = answer(engine, method="off", max_tokens=30)
+    _, first = answer(engine, method="off", max_tokens=12)
+    assert first.finish_reason == "length"
+    prompt = engine.encode(ASK)
+    for method in ("off", "ngram", "draft"):
+        *_, rest = engine.generate_ids([*prompt, *first.token_ids], method=method,
+                                       max_tokens=18, answer_prefix=first.token_ids)
+        assert isinstance(rest, Completion)
+        assert first.token_ids + rest.token_ids == whole.token_ids, method
+        assert rest.stats.cached_tokens >= len(prompt) - 1  # the first part's cache is reused
+
+
+def test_continue_final_prompts_with_the_answer_so_far(engine: ChatEngine) -> None:
+    tok = engine.target.tokenizer
+    partial = "The quick brown fox jumps over"
+    messages = [*ASK, {"role": "assistant", "content": partial}]
+    fitted = engine.fit(messages, continue_final=True)
+    answer_ids = tok.encode(partial, add_special_tokens=False)
+    assert fitted.ids == engine.encode(ASK) + answer_ids  # no end-of-turn after the answer
+    assert fitted.answer_ids == tuple(answer_ids)
+    events = list(engine.generate(messages, method="off", max_tokens=6, continue_final=True))
+    done = events[-1]
+    assert isinstance(done, Completion) and len(done.token_ids) == 6  # only the new tokens
+    assert "".join(e.text for e in events if isinstance(e, TextChunk)) == done.text
+    with pytest.raises(BadRequestError, match="assistant's answer so far"):
+        engine.generate(ASK, continue_final=True)
+    with pytest.raises(BadRequestError, match="last message must be a non-empty user"):
+        engine.generate(messages)
+
+
+# --- the rolling context window ---------------------------------------------------------------
+
+
+SYSTEM = {"role": "system", "content": "Be brief."}
+
+
+def chat_of(turns: int) -> list[dict[str, str]]:
+    """A conversation of ``turns`` questions and answers, then one more question."""
+    messages = [SYSTEM]
+    for i in range(turns):
+        messages += [{"role": "user", "content": f"question {i}: def add(a, b)"},
+                     {"role": "assistant", "content": f"answer {i}: return a + b"}]
+    return [*messages, {"role": "user", "content": "and the last question?"}]
+
+
+def raw_length(engine: ChatEngine, messages: list[dict[str, str]]) -> int:
+    tok = engine.target.tokenizer
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return len(tok.encode(text, add_special_tokens=False))
+
+
+def test_turns_split_after_the_system_prompt() -> None:
+    head, turns = split_turns([SYSTEM, {"role": "assistant", "content": "Hi!"},
+                               *chat_of(1)[1:]])
+    assert head == [SYSTEM]
+    assert [[m["role"] for m in t] for t in turns] == [["assistant"], ["user", "assistant"],
+                                                        ["user"]]
+
+
+def test_a_rolling_window_keeps_the_system_prompt_and_the_latest_turns(
+    engine: ChatEngine,
+) -> None:
+    limit = engine.target.max_context
+    long = chat_of(40)
+    assert len(engine.encode(long[:1] + long[-1:])) < limit < raw_length(engine, long)
+    with pytest.raises(PromptTooLongError, match="holds at most"):
+        engine.generate(long, max_tokens=40)  # the default: stop, as before
+    fitted = engine.fit(long, overflow=ROLLING_WINDOW, reserve=40)
+    assert len(fitted.ids) + 40 <= limit
+    assert fitted.dropped_messages % (2 * ROLL_TURNS) == 0 and fitted.dropped_messages > 0
+    kept = [long[0], *long[1 + fitted.dropped_messages:]]
+    assert fitted.ids == engine.encode(kept)
+    fewer = [long[0], *long[1 + fitted.dropped_messages - 2 * ROLL_TURNS:]]
+    assert raw_length(engine, fewer) + 40 > limit  # no more left out than needed
+    events = list(engine.generate(long, method="off", max_tokens=40, overflow=ROLLING_WINDOW))
+    assert events[0] == ContextWindow(fitted.dropped_messages, len(fitted.ids))
+    done = events[-1]
+    assert isinstance(done, Completion) and done.stats.prompt_tokens == len(fitted.ids)
+    follow = [*long, {"role": "assistant", "content": done.text},
+              {"role": "user", "content": "ok"}]
+    assert engine.fit(follow, overflow=ROLLING_WINDOW,
+                      reserve=40).dropped_messages == fitted.dropped_messages  # same start
+    short = engine.fit(chat_of(1), overflow=ROLLING_WINDOW, reserve=40)
+    assert short.dropped_messages == 0 and short.ids == engine.encode(chat_of(1))
+    huge = [SYSTEM, {"role": "user", "content": "def add " * 400}]
+    with pytest.raises(PromptTooLongError):
+        engine.generate(huge, overflow=ROLLING_WINDOW)
+    with pytest.raises(BadRequestError, match="context_overflow"):
+        engine.generate(ASK, overflow="truncate_middle")

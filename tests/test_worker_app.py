@@ -17,7 +17,14 @@ from typing import Any, ClassVar
 from aiohttp.test_utils import TestClient, TestServer
 
 from engine.errors import BadRequestError, EngineError, PromptTooLongError
-from engine.protocol import Completion, PromptProgress, SpeculationStats, TextChunk
+from engine.protocol import (
+    ROLLING_WINDOW,
+    Completion,
+    ContextWindow,
+    PromptProgress,
+    SpeculationStats,
+    TextChunk,
+)
 from engine.worker.auth import Auth
 from engine.worker.learning import HeadLearning
 from engine.worker.metrics import Metrics
@@ -31,7 +38,9 @@ READING = [PromptProgress(0, 300), PromptProgress(128, 300), PromptProgress(300,
 
 class FakeEngine:
     """Answers ``w0 w1 ...``; every odd word counts as drafted. Optionally slow. The question
-    "a long document" is read in chunks first (:data:`READING`)."""
+    "a long document" is read in chunks first (:data:`READING`). Continuing an answer of n
+    words goes on from ``wn``; a rolling window leaves out all but the first and the last
+    two messages of a conversation longer than three."""
 
     target = SimpleNamespace(name="fake", max_context=64, memory_bytes=1234)
     draft = None
@@ -46,15 +55,20 @@ class FakeEngine:
 
     def generate(self, messages: Any, params: Any = None, *, max_tokens: int = 512,
                  method: str | None = None, cancel: threading.Event | None = None,
-                 **_: Any) -> Iterator[TextChunk | Completion]:
+                 overflow: str = "stop", continue_final: bool = False,
+                 **_: Any) -> Iterator[Any]:
         if len(messages[-1]["content"]) > 100:
             raise PromptTooLongError("the conversation is too long")
         if messages[-1]["content"] == "crash":
             raise RuntimeError("a bug in the engine")
         self.seen.append(messages[-1]["content"])
-        words = self._words(max_tokens, method or self.method, cancel or threading.Event())
+        start = len(messages[-1]["content"].split()) if continue_final else 0
+        words = self._words(max_tokens, method or self.method, cancel or threading.Event(),
+                            start)
         if messages[-1]["content"] == "a long document":
             return itertools.chain(READING, words)
+        if overflow == ROLLING_WINDOW and len(messages) > 3:
+            return itertools.chain([ContextWindow(len(messages) - 3, 40)], words)
         return words
 
     def check_num_draft_tokens(self, k: Any) -> int:
@@ -63,10 +77,10 @@ class FakeEngine:
         return k
 
     def _words(
-        self, n: int, method: str, cancel: threading.Event
+        self, n: int, method: str, cancel: threading.Event, start: int = 0
     ) -> Iterator[TextChunk | Completion]:
         text, reason = "", "length"
-        for i in range(n):
+        for i in range(start, start + n):
             if self.gate is not None:
                 self.gate.wait(10)
             if cancel.is_set():
@@ -209,6 +223,48 @@ def sse_chunks(body: str) -> list[dict[str, Any]]:
     lines = [ln for ln in body.split("\n") if ln]
     assert lines[-1] == "data: [DONE]"
     return [json.loads(ln.removeprefix("data: ")) for ln in lines[:-1]]
+
+
+def test_a_rolling_window_says_what_it_left_out_and_answers_continue() -> None:
+    chat = [{"role": "system", "content": "s"}, *[{"role": r, "content": "x"} for r in
+                                                  ("user", "assistant") * 2], USER[0]]
+    url = "/v1/chat/completions"
+
+    async def scenario() -> None:
+        async with serving(ready(FakeEngine())) as (client, worker):
+            await until(lambda: worker.scheduler.status.state == "ready")
+            ask = {"messages": chat, "max_tokens": 2, "anve": {"context_overflow": ROLLING_WINDOW}}
+            chunks = sse_chunks(await (await client.post(url, json={**ask, "stream": True})).text())
+            assert chunks[0]["anve"] == {"method": "ngram"}  # known before the first token
+            window = {"dropped_messages": 3, "prompt_tokens": 40}
+            assert chunks[1]["anve"] == {"context_window": window}
+            assert chunks[1]["choices"][0]["delta"] == {}
+            assert chunks[-1]["anve"]["context_window"] == window
+            whole = await (await client.post(url, json=ask)).json()
+            assert whole["anve"]["context_window"] == window
+            plain = sse_chunks(await (await client.post(
+                url, json={"messages": chat, "max_tokens": 1, "stream": True})).text())
+            assert not any("context_window" in c.get("anve", {}) for c in plain)  # stop: none
+            partial = [*USER, {"role": "assistant", "content": "w0 w1 "}]
+            go_on = {"messages": partial, "max_tokens": 2, "continue_final_message": True,
+                     "add_generation_prompt": False}
+            more = await (await client.post(url, json=go_on)).json()
+            assert more["choices"][0]["message"]["content"] == "w2 w3 "
+            for body, param in (
+                ({**go_on, "add_generation_prompt": True}, "add_generation_prompt"),
+                ({"messages": USER, "add_generation_prompt": False}, "add_generation_prompt"),
+                ({**go_on, "messages": USER}, "messages"),
+                ({**ask, "anve": {"context_overflow": "truncate_middle"}},
+                 "anve.context_overflow"),
+                ({**ask, "anve": "rolling"}, "anve"),
+            ):
+                resp = await client.post(url, json=body)
+                assert resp.status == 400
+                error = await resp.json()
+                assert_error(error, "invalid_request")
+                assert error["error"]["param"] == param
+
+    asyncio.run(scenario())
 
 
 def test_a_waiting_stream_hears_its_place_in_the_queue() -> None:

@@ -8,8 +8,9 @@ Contract:
 * :meth:`Scheduler.submit` is called on the event loop and never blocks it. A job's
   events arrive on ``job.events`` through ``loop.call_soon_threadsafe``: a
   :class:`Started` once the request is accepted (prompt encoded and fits), the
-  engine's events (``PromptProgress`` while it reads a long prompt, ``TextChunk`` s, one
-  ``Completion``), or an :class:`EngineError` instead.
+  engine's events (``ContextWindow`` when a rolling window left messages out,
+  ``PromptProgress`` while it reads a long prompt, ``TextChunk`` s, one ``Completion``),
+  or an :class:`EngineError` instead.
 * A job that has to wait gets :class:`Queued` events: how many answers are ahead of it,
   at once and whenever that number changes (a job served at once gets none).
 * :meth:`Scheduler.abandon` frees a job's slot at once: a waiting job leaves the queue;
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.errors import BadRequestError, EngineError
-from engine.protocol import Completion, PromptProgress, TextChunk
+from engine.protocol import Completion, ContextWindow, PromptProgress, TextChunk
 from engine.registry import Progress
 from engine.worker.metrics import Metrics
 from engine.worker.schema import ChatRequest
@@ -71,7 +72,8 @@ class Engine(Protocol):
         self, messages: Any, params: Any = None, *, max_tokens: int = 512,
         stop: Sequence[str] = (), method: str | None = None,
         num_draft_tokens: Any = None, cancel: threading.Event | None = None,
-    ) -> Iterator[PromptProgress | TextChunk | Completion]: ...
+        overflow: str = "stop", continue_final: bool = False,
+    ) -> Iterator[ContextWindow | PromptProgress | TextChunk | Completion]: ...
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,8 @@ class Queued:
     ahead: int
 
 
-JobEvent = Queued | Started | PromptProgress | TextChunk | Completion | EngineError
+JobEvent = (Queued | Started | ContextWindow | PromptProgress | TextChunk | Completion
+            | EngineError)
 
 
 @dataclass(eq=False)
@@ -299,7 +302,8 @@ class Scheduler:
             events = engine.generate(
                 request.messages, request.params, max_tokens=request.max_tokens,
                 stop=request.stop, method=decision.method, num_draft_tokens=k,
-                cancel=job.cancel,
+                cancel=job.cancel, overflow=request.context_overflow,
+                continue_final=request.continue_final,
             )
             job.emit(Started(k))
             for event in events:

@@ -13,6 +13,16 @@ final chunk and the non-streamed answer carry ``anve.token_ids``, the answer's t
 so clients can check two answers are identical token for token). Before its first text, a
 streamed answer may get chunks with an empty delta and ``anve.queue`` (``{ahead}``: answers
 served before it) or ``anve.prompt_progress`` (``{read, total}`` prompt tokens).
+
+A request may also carry ``anve.context_overflow``: ``"stop"`` (the default: a
+conversation longer than the context is refused with ``context_length_exceeded``) or
+``"rolling_window"`` (its oldest turns are left out; the system prompt and the latest
+turn are kept); when messages were left out, a chunk with an empty delta and the final
+chunk (or the whole answer) carry ``anve.context_window``: ``{dropped_messages,
+prompt_tokens}``. ``continue_final_message: true`` with ``add_generation_prompt: false``
+(vLLM's fields) continues the last message, the assistant's partial answer; only the
+new text comes back. The first streamed chunk carries ``anve.method``, the drafting
+method the answer runs with (``off``: plain decoding).
 Unknown request fields are ignored, as OpenAI-compatible servers do.
 """
 
@@ -23,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import BadRequestError
-from engine.protocol import SpeculationStats
+from engine.protocol import CONTEXT_OVERFLOW, STOP_AT_LIMIT, SpeculationStats
 from engine.sampling import SamplingParams
 from engine.session import validate_messages
 from engine.worker.settings import Decision, DraftLength, Override, parse_override
@@ -56,6 +66,8 @@ class ChatRequest:
     stop: tuple[str, ...] = ()
     stream: bool = False
     speculation: Override | None = None
+    context_overflow: str = STOP_AT_LIMIT
+    continue_final: bool = False  # continue the last message (an assistant's answer)
 
 
 # --- parsing ---------------------------------------------------------------------
@@ -105,7 +117,7 @@ def _text_content(content: Any) -> Any:
     return content
 
 
-def _messages(value: Any) -> list[dict[str, str]]:
+def _messages(value: Any, continue_final: bool) -> list[dict[str, str]]:
     if value is None:
         raise FieldError("messages", "messages is required: a list of {role, content} objects")
     if isinstance(value, list):
@@ -114,7 +126,7 @@ def _messages(value: Any) -> list[dict[str, str]]:
             for m in value
         ]
     try:
-        return validate_messages(value)
+        return validate_messages(value, continue_final)
     except BadRequestError as exc:
         raise FieldError("messages", str(exc)) from None
 
@@ -132,13 +144,41 @@ def _sampling(body: Mapping[str, Any]) -> SamplingParams:
         raise FieldError(str(exc).split(" ", 1)[0], str(exc)) from None
 
 
-def _flag(body: Mapping[str, Any], name: str) -> bool:
-    value = body.get(name, False)
+def _flag(body: Mapping[str, Any], name: str, default: bool = False) -> bool:
+    value = body.get(name, default)
     if value is None:
-        return False
+        return default
     if not isinstance(value, bool):
         raise FieldError(name, f"{name} must be true or false, got {value!r}")
     return value
+
+
+def _continue_final(body: Mapping[str, Any]) -> bool:
+    """vLLM's ``continue_final_message`` / ``add_generation_prompt`` pair."""
+    continue_final = _flag(body, "continue_final_message")
+    generation_prompt = _flag(body, "add_generation_prompt", True)
+    if continue_final and generation_prompt:
+        raise FieldError("add_generation_prompt", "continue_final_message needs "
+                         "add_generation_prompt set to false (the answer is continued, "
+                         "not started)")
+    if not continue_final and not generation_prompt:
+        raise FieldError("add_generation_prompt", "add_generation_prompt false is only "
+                         "supported with continue_final_message true")
+    return continue_final
+
+
+def _context_overflow(value: Any) -> str:
+    """``anve.context_overflow`` of a request's ``anve`` object."""
+    if value is None:
+        return STOP_AT_LIMIT
+    if not isinstance(value, Mapping):
+        raise FieldError("anve", "anve must be an object, e.g. {\"context_overflow\": "
+                         "\"rolling_window\"}")
+    policy = value.get("context_overflow", STOP_AT_LIMIT)
+    if policy not in CONTEXT_OVERFLOW:
+        raise FieldError("anve.context_overflow", "anve.context_overflow must be one of "
+                         f"{', '.join(CONTEXT_OVERFLOW)}, got {policy!r}")
+    return str(policy)
 
 
 def parse_chat_request(
@@ -160,13 +200,16 @@ def parse_chat_request(
         speculation = parse_override(body.get("speculation"), methods, adaptive)
     except BadRequestError as exc:
         raise FieldError("speculation", str(exc)) from None
+    continue_final = _continue_final(body)
     return ChatRequest(
-        messages=_messages(body.get("messages")),
+        messages=_messages(body.get("messages"), continue_final),
         params=_sampling(body),
         max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
         stop=_stop(body.get("stop")),
         stream=_flag(body, "stream"),
         speculation=speculation,
+        context_overflow=_context_overflow(body.get("anve")),
+        continue_final=continue_final,
     )
 
 

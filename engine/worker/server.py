@@ -28,7 +28,13 @@ from typing import Any
 from aiohttp import web
 
 from engine.errors import BadRequestError, EngineError
-from engine.protocol import PROTOCOL_VERSION, Completion, PromptProgress, TextChunk
+from engine.protocol import (
+    PROTOCOL_VERSION,
+    Completion,
+    ContextWindow,
+    PromptProgress,
+    TextChunk,
+)
 from engine.worker.auth import Auth
 from engine.worker.learning import (
     HeadLearning,
@@ -266,26 +272,37 @@ def _expect_started(event: object) -> Started:
     raise EngineError(f"the engine answered out of order ({type(event).__name__})")
 
 
-def _final_fields(job: Job, completion: Completion, started: Started) -> dict[str, Any]:
+def _window_json(window: ContextWindow) -> dict[str, Any]:
+    return {"dropped_messages": window.dropped_messages, "prompt_tokens": window.prompt_tokens}
+
+
+def _final_fields(job: Job, completion: Completion, started: Started,
+                  window: ContextWindow | None) -> dict[str, Any]:
     stats = completion.stats
+    anve: dict[str, Any] = {"token_ids": list(completion.token_ids)}
+    if window is not None:
+        anve["context_window"] = _window_json(window)
     return {
         "usage": usage_json(stats),
         "speculation": speculation_json(stats, job.decision, started.num_draft_tokens),
-        "anve": {"token_ids": list(completion.token_ids)},
+        "anve": anve,
     }
 
 
 async def _collect(job: Job, answer: Answer, started: Started) -> web.Response:
     pieces: list[tuple[str, bool]] = []
+    window: ContextWindow | None = None
     while True:
         event = await job.events.get()
         if isinstance(event, EngineError):
             raise event
+        if isinstance(event, ContextWindow):
+            window = event
         if isinstance(event, TextChunk):
             pieces += event.pieces
         if isinstance(event, Completion):
             break
-    fields = _final_fields(job, event, started)
+    fields = _final_fields(job, event, started, window)
     fields["anve"] = {**pieces_json(merge_pieces(pieces)), **fields["anve"]}
     body = completion_json(answer, event.text, event.finish_reason, **fields)
     return web.json_response(body)
@@ -309,7 +326,8 @@ async def _stream(
     await response.prepare(request)
     worker = request.app[WORKER]
     try:
-        await _send(response, chunk_json(answer, {"role": "assistant", "content": ""}))
+        await _send(response, chunk_json(answer, {"role": "assistant", "content": ""},
+                                         anve={"method": job.decision.method}))
         async for payload in _stream_payloads(worker, job, answer, first):
             await _send(response, payload)
         await response.write(b"data: [DONE]\n\n")
@@ -331,8 +349,10 @@ async def _stream_payloads(
 ) -> AsyncIterator[dict[str, Any]]:
     """SSE payloads: one chunk per text event, then the final chunk (or an error). Chunks
     with an empty delta carry ``anve.queue`` (answers ahead of this one, while it waits;
-    0 once it starts) and ``anve.prompt_progress`` (while a long prompt is read)."""
+    0 once it starts), ``anve.context_window`` (a rolling window left messages out) and
+    ``anve.prompt_progress`` (while a long prompt is read)."""
     started = first if isinstance(first, Started) else None
+    window: ContextWindow | None = None
     if isinstance(first, Queued):
         yield _queue_chunk(answer, first.ahead)
     while True:
@@ -342,6 +362,9 @@ async def _stream_payloads(
         elif isinstance(event, Started):
             started = event
             yield _queue_chunk(answer, 0)
+        elif isinstance(event, ContextWindow):
+            window = event
+            yield chunk_json(answer, {}, anve={"context_window": _window_json(event)})
         elif isinstance(event, PromptProgress):
             progress = {"read": event.read, "total": event.total}
             yield chunk_json(answer, {}, anve={"prompt_progress": progress})
@@ -350,7 +373,7 @@ async def _stream_payloads(
                     "drafted": event.drafted, "accepted": event.accepted}
             yield chunk_json(answer, {"content": event.text}, anve=anve)
         elif isinstance(event, Completion):
-            final = _final_fields(job, event, _expect_started(started))
+            final = _final_fields(job, event, _expect_started(started), window)
             yield chunk_json(answer, {}, event.finish_reason, **final)
             return
         elif isinstance(event, EngineError):
