@@ -16,10 +16,20 @@ every layer (:class:`DecoderModel`, built by :mod:`engine.lean`) in one call. Bo
 an optional draft tree (:func:`tree_masks`): each row then attends to the cache before
 the step and to its own ancestors among the new rows only.
 
+Variants (:data:`VARIANTS`): the same source compiled for AVX2 (``avx2``), AVX-VNNI
+(``avxvnni``) and AVX-512 F/BW/VL/VNNI (``avx512``). The run picks the best one this
+CPU has (``/proc/cpuinfo``) and the compiler can build (a variant it cannot build is
+skipped, logged); ``ANVE_KERNELS=<name>`` forces one, and forcing one the CPU or the
+compiler lacks raises :class:`VariantError` (never runs an instruction the CPU lacks).
+:func:`use` switches the variant inside one process (tests, A/B measurements);
+:func:`variant` names the one running. Every variant keeps the row promise above on
+its own; different variants may differ in the last bits of a sum (their integer sums
+are all exact; only the floating-point order may differ).
+
 The shared library is compiled with the system ``c++`` into the user cache folder
-(``~/.cache/anve/kernels``, or ``ANVE_KERNEL_DIR``), named by a hash of the source and
-flags, so it is built once per source version (about 3 s). ``ANVE_NATIVE=0`` turns the
-kernels off.
+(``~/.cache/anve/kernels``, or ``ANVE_KERNEL_DIR``), one file per variant named by a
+hash of the source and flags, so each is built once per source version (a few
+seconds). ``ANVE_NATIVE=0`` turns the kernels off.
 """
 
 import ctypes
@@ -31,6 +41,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
@@ -39,24 +50,79 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "qdot.cpp"
-FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
-         "-ffp-contract=off")  # a * b + c rounds twice, as torch's elementwise ops do
-CPU_FLAGS = frozenset({"avx2", "fma", "f16c"})
+BASE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
+              "-ffp-contract=off")  # a * b + c rounds twice, as torch's elementwise ops do
 GROUP = 32  # activations and q4 weights are grouped by 32 input features
 MAX_TREE = 31  # rows of a draft tree one call attends over (one bit each in an int32)
 _P, _I = ctypes.c_void_p, ctypes.c_int
 
 
-def cpu_supports() -> bool:
-    """Whether this CPU has the instructions the kernels use (Linux /proc/cpuinfo)."""
+class VariantError(RuntimeError):
+    """A forced kernel variant (``ANVE_KERNELS`` or :func:`use`) that cannot run here."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One build of the kernels: its compiler flags and the CPU flags it needs."""
+
+    name: str
+    flags: tuple[str, ...]  # beyond BASE_FLAGS
+    cpu: frozenset[str]  # /proc/cpuinfo flags the code uses
+
+    @property
+    def all_flags(self) -> tuple[str, ...]:
+        return (*BASE_FLAGS, *self.flags)
+
+
+_AVX2 = ("-mavx2", "-mfma", "-mf16c")
+_AVX2_CPU = frozenset({"avx2", "fma", "f16c"})
+VARIANTS = (  # worst first: the last one the CPU and compiler support runs
+    Variant("avx2", _AVX2, _AVX2_CPU),
+    Variant("avxvnni", (*_AVX2, "-mavxvnni"), _AVX2_CPU | {"avx_vnni"}),
+    Variant("avx512", (*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
+            _AVX2_CPU | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}),
+)
+BY_NAME = {v.name: v for v in VARIANTS}
+FLAGS = VARIANTS[0].all_flags  # the baseline build's flags
+CPU_FLAGS = VARIANTS[0].cpu
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags (Linux /proc/cpuinfo; empty where unreadable)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
+        return frozenset()
     for line in text.splitlines():
         if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split()) >= CPU_FLAGS
-    return False
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def cpu_supports(name: str = "avx2") -> bool:
+    """Whether this CPU has the instructions variant ``name`` uses."""
+    return cpu_flags() >= BY_NAME[name].cpu
+
+
+def _compiler() -> str | None:
+    return shutil.which("c++") or shutil.which("g++")
+
+
+@functools.cache
+def compiler_accepts(flags: tuple[str, ...]) -> bool:
+    """Whether the system compiler takes these flags (an empty translation unit)."""
+    compiler = _compiler()
+    if compiler is None:
+        return False
+    result = subprocess.run([compiler, *flags, "-x", "c++", "-fsyntax-only", "-"], input="",
+                            capture_output=True, text=True, check=False)
+    return result.returncode == 0
+
+
+def supported() -> list[str]:
+    """The variants this CPU runs, worst first (whether the compiler builds them aside)."""
+    return [v.name for v in VARIANTS if cpu_supports(v.name)]
 
 
 def kernel_dir() -> Path:
@@ -64,23 +130,24 @@ def kernel_dir() -> Path:
     return Path(chosen) if chosen else Path(platformdirs.user_cache_dir("anve")) / "kernels"
 
 
-def library_path() -> Path:
-    """Where the library for this source and these flags lives once built."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
-    return kernel_dir() / f"qdot-{digest}.so"
+def library_path(name: str = "avx2") -> Path:
+    """Where the library of variant ``name`` for this source lives once built."""
+    flags = BY_NAME[name].all_flags
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    return kernel_dir() / f"qdot-{name}-{digest}.so"
 
 
-def build(path: Path) -> None:
-    """Compile the source into ``path`` (atomically); raises ``RuntimeError`` on failure."""
-    compiler = shutil.which("c++") or shutil.which("g++")
+def build(path: Path, name: str = "avx2") -> None:
+    """Compile variant ``name`` into ``path`` (atomically); ``RuntimeError`` on failure."""
+    compiler = _compiler()
     if compiler is None:
         raise RuntimeError("no C++ compiler (install g++ for the fast kernels)")
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         out = Path(tmp) / path.name
         result = subprocess.run(
-            [compiler, *FLAGS, "-o", str(out), str(SOURCE)], capture_output=True, text=True,
-            check=False,
+            [compiler, *BY_NAME[name].all_flags, "-o", str(out), str(SOURCE)],
+            capture_output=True, text=True, check=False,
         )
         if result.returncode != 0:
             raise RuntimeError(f"compiling {SOURCE.name} failed: {result.stderr.strip()[-800:]}")
@@ -127,27 +194,129 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.anve_row_attention.restype = None
     lib.anve_decoder_step.argtypes = [ctypes.POINTER(DecoderModel), _P, _I, _I, _P, _P, _P]
     lib.anve_decoder_step.restype = None
+    lib.anve_qdot_variant.restype = ctypes.c_char_p
+    lib.anve_qdot_max_rows.restype = _I
+    return lib
+
+
+_forced: list[str | None] = [None]  # set by use(); None: ANVE_KERNELS or the best
+
+
+def use(name: str | None) -> None:
+    """Run variant ``name`` from now on in this process (``None``: back to the choice of
+    ``ANVE_KERNELS`` or the best one); raises :class:`VariantError` where it cannot run."""
+    if name is not None:
+        _check(name)
+        if load(name) is None:
+            raise VariantError(f"kernel variant {name!r} could not be built (see the log)")
+    _forced[0] = name
+
+
+def why_not(name: str) -> str | None:
+    """Why variant ``name`` cannot run here (unknown, CPU flags missing, a compiler that
+    does not take its flags), or ``None`` where it can (a failed build aside)."""
+    if name not in BY_NAME:
+        return f"unknown kernel variant {name!r} (one of {', '.join(BY_NAME)})"
+    missing = sorted(BY_NAME[name].cpu - cpu_flags())
+    if missing:
+        return (f"kernel variant {name!r} needs CPU flags this CPU lacks: {', '.join(missing)}"
+                f" (it runs: {', '.join(supported()) or 'none'})")
+    if _compiler() is not None and not compiler_accepts(BY_NAME[name].flags):
+        return (f"kernel variant {name!r}: the C++ compiler does not take "
+                f"{' '.join(BY_NAME[name].flags)}")
+    return None
+
+
+def _check(name: str) -> None:
+    reason = why_not(name)
+    if reason is not None:
+        raise VariantError(reason)
+
+
+def buildable() -> list[str]:
+    """The variants this CPU runs and the compiler takes the flags of, worst first (the
+    others logged); all the CPU runs when there is no compiler (prebuilt files)."""
+    names = []
+    for name in supported():
+        if _compiler() is not None and not compiler_accepts(BY_NAME[name].flags):
+            log.info("kernel variant %s skipped: the compiler does not take %s", name,
+                     " ".join(BY_NAME[name].flags))
+            continue
+        names.append(name)
+    return names
+
+
+@functools.cache
+def load(name: str) -> ctypes.CDLL | None:
+    """Variant ``name``'s library, built if need be, or ``None`` (logged) on failure."""
+    path = library_path(name)
+    try:
+        if not path.is_file():
+            log.info("building the native kernels (%s) into %s", name, path)
+            build(path, name)
+        lib = _bind(ctypes.CDLL(str(path)))
+    except (OSError, RuntimeError) as exc:
+        log.warning("native kernels (%s) unavailable, using torch's: %s", name, exc)
+        return None
+    built = lib.anve_qdot_variant().decode()
+    if built != name:  # flags that did not select the code they should have
+        log.warning("native kernels: %s was built as %s; not used", path.name, built)
+        return None
     return lib
 
 
 @functools.cache
-def library() -> ctypes.CDLL | None:
-    """The loaded kernels, or ``None`` (logged once) where they cannot run."""
-    if os.environ.get("ANVE_NATIVE", "1") == "0":
+def _resolve(native: str, env: str, forced: str | None) -> tuple[str, ctypes.CDLL] | None:
+    """The variant that runs and its library for these settings (see :func:`chosen`)."""
+    if native == "0":
         log.info("native kernels off (ANVE_NATIVE=0)")
         return None
+    wanted = forced or env.strip().lower() or None
+    if wanted is not None:
+        _check(wanted)
+        lib = load(wanted)
+        return None if lib is None else (wanted, lib)
     if not cpu_supports():
         log.info("native kernels need AVX2, FMA and F16C; using torch's kernels")
         return None
-    path = library_path()
-    try:
-        if not path.is_file():
-            log.info("building the native kernels into %s", path)
-            build(path)
-        return _bind(ctypes.CDLL(str(path)))
-    except (OSError, RuntimeError) as exc:
-        log.warning("native kernels unavailable, using torch's: %s", exc)
-        return None
+    for name in reversed(buildable()):  # the best first; a failed build falls back
+        lib = load(name)
+        if lib is not None:
+            log.info("native kernels: %s (this CPU runs %s)", name, ", ".join(supported()))
+            return name, lib
+    return None
+
+
+def _current() -> tuple[str, ctypes.CDLL] | None:
+    return _resolve(os.environ.get("ANVE_NATIVE", "1"), os.environ.get("ANVE_KERNELS", ""),
+                    _forced[0])
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels of the variant that runs, or ``None`` (logged once) where they
+    cannot run; raises :class:`VariantError` where a forced variant cannot run here."""
+    current = _current()
+    return None if current is None else current[1]
+
+
+def variant() -> str | None:
+    """The name of the variant that runs (``avx2``, ``avxvnni``, ``avx512``), or ``None``."""
+    current = _current()
+    return None if current is None else current[0]
+
+
+def reset() -> None:
+    """Forget every choice, check and loaded library (tests change the environment)."""
+    _forced[0] = None
+    _resolve.cache_clear()
+    load.cache_clear()
+    compiler_accepts.cache_clear()
+
+
+def max_rows() -> int:
+    """Rows one pass over the weights holds in the running variant (0 when none runs)."""
+    lib = library()
+    return 0 if lib is None else int(lib.anve_qdot_max_rows())
 
 
 def available() -> bool:
@@ -272,12 +441,20 @@ def decoder_step(model: DecoderModel, x: torch.Tensor, start: int, cos: torch.Te
 
 
 def main() -> int:
-    """``python -m engine.kernels``: build the kernels now and say whether they run here."""
+    """``python -m engine.kernels``: build every variant this CPU runs and say which runs."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if library() is None:
+    try:
+        name = variant()
+    except VariantError as exc:
+        log.error("native kernels: %s", exc)
+        return 2
+    if name is None:
         log.warning("native kernels: not available here (torch's kernels will be used)")
         return 1
-    log.info("native kernels: ready (%s)", library_path())
+    for other in buildable() if os.environ.get("ANVE_KERNELS") is None else []:
+        if load(other) is not None:  # built now, so forcing one later costs no build
+            log.info("native kernels: %s ready (%s)", other, library_path(other))
+    log.info("native kernels: %s runs", name)
     return 0
 
 

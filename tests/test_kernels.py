@@ -1,6 +1,8 @@
-"""Our native kernels against a pure torch reference of the same arithmetic."""
+"""Our native kernels against a pure torch reference of the same arithmetic, under every
+kernel variant this CPU runs (the ``variant`` fixture forces each in turn)."""
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,21 @@ pytestmark = pytest.mark.skipif(
     not kernels.available(), reason="native kernels need AVX2, FMA, F16C and a C++ compiler"
 )
 GROUP = kernels.GROUP
+
+
+@pytest.fixture(params=list(kernels.BY_NAME))
+def variant(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Each kernel variant in turn, forced for the test (skipped where it cannot run)."""
+    name = str(request.param)
+    reason = kernels.why_not(name)
+    if reason is not None:
+        pytest.skip(reason)
+    kernels.use(name)
+    try:
+        assert kernels.variant() == name
+        yield name
+    finally:
+        kernels.use(None)
 
 
 def quantize_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,7 +87,7 @@ def q4_layer(n: int, k: int, bias: bool) -> tuple[Q4Linear, torch.Tensor]:
 
 @pytest.mark.parametrize(("n", "k", "bias"), [(64, 256, False), (37, 512, True), (200, 768, True),
                                              (24, 96, False), (19, 352, True)])
-def test_q4_kernel_matches_the_reference(n: int, k: int, bias: bool) -> None:
+def test_q4_kernel_matches_the_reference(n: int, k: int, bias: bool, variant: str) -> None:
     """Also with groups left over after blocks of 8: pairs, and a last unpaired group."""
     torch.manual_seed(0)
     if k % 256 == 0:
@@ -91,7 +108,7 @@ def test_q4_layer_holds_the_gguf_weight_up_to_float16_scales() -> None:
 
 
 @pytest.mark.parametrize(("n", "k", "bias"), [(40, 96, False), (129, 576, True)])
-def test_q8_kernel_matches_the_reference(n: int, k: int, bias: bool) -> None:
+def test_q8_kernel_matches_the_reference(n: int, k: int, bias: bool, variant: str) -> None:
     torch.manual_seed(1)
     linear = torch.nn.Linear(k, n, bias=bias)
     layer = Q8Linear.from_weight(linear.weight, linear.bias)
@@ -100,7 +117,7 @@ def test_q8_kernel_matches_the_reference(n: int, k: int, bias: bool) -> None:
     assert torch.equal(layer.q, Int8Linear.from_weight(linear.weight).q)
 
 
-def test_every_row_is_the_same_whatever_the_number_of_rows() -> None:
+def test_every_row_is_the_same_whatever_the_number_of_rows(variant: str) -> None:
     torch.manual_seed(2)
     layer, _ = q4_layer(48, 512, True)
     q8 = Q8Linear.from_weight(torch.randn(48, 512))
@@ -112,7 +129,7 @@ def test_every_row_is_the_same_whatever_the_number_of_rows() -> None:
         assert torch.equal(lay(x[5:6]), full[5:6])
 
 
-def test_zero_and_bfloat16_inputs() -> None:
+def test_zero_and_bfloat16_inputs(variant: str) -> None:
     layer, _ = q4_layer(32, 256, True)
     x = torch.zeros(2, 256)
     assert torch.equal(layer(x), layer.bias.expand(2, -1))
@@ -155,15 +172,15 @@ def test_a_failed_build_falls_back_with_a_warning(
 ) -> None:
     monkeypatch.setenv("ANVE_KERNEL_DIR", str(tmp_path))
     monkeypatch.setenv("PATH", str(tmp_path))  # no compiler on the path
-    kernels.library.cache_clear()
+    kernels.reset()
     try:
         with caplog.at_level(logging.WARNING):
-            assert kernels.library() is None
+            assert kernels.library() is None and kernels.variant() is None
         assert "no C++ compiler" in caplog.text
         with pytest.raises(RuntimeError, match="not available"):
             Q8Linear.from_weight(torch.ones(1, 32))(torch.ones(1, 32))
     finally:
-        kernels.library.cache_clear()
+        kernels.reset()
     monkeypatch.undo()
     assert kernels.available()
 
@@ -171,14 +188,18 @@ def test_a_failed_build_falls_back_with_a_warning(
 def test_the_library_is_built_once_per_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                               ) -> None:
     monkeypatch.setenv("ANVE_KERNEL_DIR", str(tmp_path))
-    kernels.library.cache_clear()
+    kernels.reset()
     try:
-        path = kernels.library_path()
+        best = kernels.buildable()[-1]  # only the variant that runs is built
+        path = kernels.library_path(best)
         assert path.parent == tmp_path and not path.exists()
         assert kernels.library() is not None and path.is_file()
+        assert kernels.variant() == best
         assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary left
+        assert len({kernels.library_path(name) for name in kernels.BY_NAME}) == len(
+            kernels.BY_NAME)  # one file per variant
     finally:
-        kernels.library.cache_clear()
+        kernels.reset()
 
 
 def test_from_dense_rounds_each_group_to_4_bits() -> None:
@@ -219,7 +240,7 @@ def q4k_reference(x: torch.Tensor, layer: Q4KLinear) -> torch.Tensor:
 
 @pytest.mark.parametrize(("n", "k", "bias"), [(64, 256, False), (37, 1536, True)])
 def test_q4k_kernel_matches_the_reference_and_holds_the_gguf_weight(
-    n: int, k: int, bias: bool
+    n: int, k: int, bias: bool, variant: str
 ) -> None:
     torch.manual_seed(4)
     data = q4_k_blocks(n, k)
@@ -255,7 +276,7 @@ def q6k_reference(x: torch.Tensor, b: Q6Blocks, bias: torch.Tensor | None) -> to
 
 @pytest.mark.parametrize(("n", "k", "bias"), [(40, 256, False), (19, 1536, True)])
 def test_q6k_kernel_holds_the_gguf_weight_and_matches_the_reference(
-    n: int, k: int, bias: bool
+    n: int, k: int, bias: bool, variant: str
 ) -> None:
     torch.manual_seed(6)
     data = q6_k_blocks(n, k)
@@ -285,7 +306,7 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
     return out
 
 
-def test_row_attention_matches_the_reference_and_each_row_stands_alone() -> None:
+def test_row_attention_matches_the_reference_and_each_row_stands_alone(variant: str) -> None:
     torch.manual_seed(0)
     capacity, length, rows = 80, 57, 5
     buffer = torch.randn(2, 1, 2, capacity, 16)  # keys, values with room to grow
@@ -300,7 +321,7 @@ def test_row_attention_matches_the_reference_and_each_row_stands_alone() -> None
         assert torch.equal(alone[:, 0], out[:, t])
 
 
-def test_layers_sharing_an_input_in_one_call_give_each_layer_its_own_output() -> None:
+def test_layers_sharing_an_input_in_one_call_give_each_layer_its_own_output(variant: str) -> None:
     torch.manual_seed(8)
     k = 512
     q4k = Q4KLinear.from_groups(decode_int4(q4_k_blocks(40, k), QuantType.Q4_K, 40, k),
@@ -319,7 +340,7 @@ def test_layers_sharing_an_input_in_one_call_give_each_layer_its_own_output() ->
     assert fused([q4k, Q4Linear.from_dense(torch.randn(8, 256))]) is None  # other inputs
 
 
-def test_weights_moved_into_huge_pages_give_the_same_outputs() -> None:
+def test_weights_moved_into_huge_pages_give_the_same_outputs(variant: str) -> None:
     torch.manual_seed(9)
     k = 512
     layers = [
@@ -341,3 +362,81 @@ def test_weights_moved_into_huge_pages_give_the_same_outputs() -> None:
     assert starts[-1] - starts[0] < sum(sizes) + pages.ALIGN * len(sizes)  # one arena
     for layer, expected in zip(layers, before, strict=True):
         assert torch.equal(layer(x), expected)
+
+
+def test_every_form_gives_each_row_the_same_bits_from_1_to_16_rows(variant: str) -> None:
+    """A k-row call returns what k one-row calls of the same variant return, for every k up
+    to 16 (one pass over the weights in the AVX-512 variant, balanced passes elsewhere)
+    and beyond (40 rows: several passes)."""
+    torch.manual_seed(10)
+    k = 512
+    layers = [
+        q4_layer(40, k, True)[0],
+        Q8Linear.from_weight(torch.randn(33, k) * 0.05, torch.randn(33)),
+        Q4KLinear.from_groups(decode_int4(q4_k_blocks(40, k), QuantType.Q4_K, 40, k),
+                              torch.randn(40)),
+        Q6KLinear.from_blocks(decode_q6_k(q6_k_blocks(24, k), 24, k)),
+    ]
+    assert kernels.max_rows() == (16 if variant == "avx512" else 8)
+    x = torch.randn(40, k) * 2
+    for layer in layers:
+        alone = torch.cat([layer(x[i : i + 1]) for i in range(len(x))])  # [40, N]
+        assert torch.equal(layer(x), alone), type(layer).__name__
+        for m in range(1, 17):
+            assert torch.equal(layer(x[:m]), alone[:m]), (type(layer).__name__, m)
+            assert torch.equal(layer(x[m : 2 * m]), alone[m : 2 * m]), (type(layer).__name__, m)
+
+
+def test_the_best_variant_runs_and_one_can_be_forced(monkeypatch: pytest.MonkeyPatch) -> None:
+    kernels.reset()
+    try:
+        best = kernels.buildable()[-1]
+        assert kernels.variant() == best
+        monkeypatch.setenv("ANVE_KERNELS", "avx2")
+        assert kernels.variant() == "avx2" and kernels.max_rows() == 8
+        monkeypatch.setenv("ANVE_NATIVE", "0")  # off wins over a forced variant
+        assert kernels.variant() is None and not kernels.available()
+        monkeypatch.delenv("ANVE_NATIVE")
+        monkeypatch.setenv("ANVE_KERNELS", "sse9")
+        with pytest.raises(kernels.VariantError, match="unknown kernel variant 'sse9'"):
+            kernels.library()
+    finally:
+        monkeypatch.delenv("ANVE_KERNELS", raising=False)
+        kernels.reset()
+    assert kernels.variant() == best
+
+
+def test_forcing_a_variant_the_cpu_lacks_is_a_clear_error(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c", "sse2"}))
+    kernels.reset()
+    try:
+        assert kernels.supported() == ["avx2"] and kernels.variant() == "avx2"
+        for name, flag in (("avx512", "avx512_vnni"), ("avxvnni", "avx_vnni")):
+            assert flag in (kernels.why_not(name) or "")
+            with pytest.raises(kernels.VariantError, match=f"lacks: .*{flag}"):
+                kernels.use(name)
+            monkeypatch.setenv("ANVE_KERNELS", name)
+            with pytest.raises(kernels.VariantError, match=f"'{name}' needs CPU flags"):
+                kernels.available()
+            monkeypatch.delenv("ANVE_KERNELS")
+        assert kernels.variant() == "avx2"
+    finally:
+        kernels.reset()
+
+
+def test_variants_agree_within_the_rounding_of_their_sums() -> None:
+    """Whatever their order of float sums, all variants compute the same numbers."""
+    torch.manual_seed(11)
+    k = 1536
+    layer = Q4KLinear.from_groups(decode_int4(q4_k_blocks(64, k), QuantType.Q4_K, 64, k))
+    x = torch.randn(5, k)
+    outs = {}
+    try:
+        for name in kernels.buildable():
+            kernels.use(name)
+            outs[name] = layer(x)
+    finally:
+        kernels.use(None)
+    expected = q4k_reference(x, layer)
+    assert all(close(y, expected) for y in outs.values())

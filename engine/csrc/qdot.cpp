@@ -1,5 +1,13 @@
 // Integer-dot linear layers for x86 CPUs with AVX2 (built and loaded by engine/kernels.py).
 //
+// Variants: this one file is compiled once per instruction set (engine/kernels.py picks
+// the best one the CPU runs). Plain AVX2 (-mavx2 -mfma -mf16c) sums int8 products with
+// maddubs/madd; AVX-VNNI (also -mavxvnni) and AVX-512 (also -mavx512f -mavx512bw
+// -mavx512vl -mavx512vnni) with vpdpbusd, the latter on 512-bit vectors where a form's
+// loops take them and up to 16 rows per pass over the weights (32 vector registers).
+// Every integer sum is exact in every variant; each variant keeps the promise below on
+// its own (the floating-point order of a row depends on the variant, never on M).
+//
 // Contract: y[m, n] = sum_k x[m, k] * w[n, k] for M rows of float32 activations, where
 // the activations are first rounded per group of 32 to int8 codes with one float scale
 // (dx = max|x| / 127), as llama.cpp does, and every group's dot product is exact integer
@@ -43,10 +51,41 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512VNNI__)
+#define ANVE_AVX512 1
+#define ANVE_VNNI 1
+#define ANVE_VARIANT "avx512"
+#elif defined(__AVXVNNI__)
+#define ANVE_AVX512 0
+#define ANVE_VNNI 1
+#define ANVE_VARIANT "avxvnni"
+#else
+#define ANVE_AVX512 0
+#define ANVE_VNNI 0
+#define ANVE_VARIANT "avx2"
+#endif
+
 namespace {
 
 constexpr int GROUP = 32;
-constexpr int MAX_M = 8;  // rows per pass over the weights; larger inputs loop
+// Rows per pass over the weights (as many as the row accumulators fit in registers);
+// more rows go in balanced passes (9 rows: 5 + 4, never 8 + 1).
+constexpr int MAX_M = ANVE_AVX512 ? 16 : 8;
+
+#if ANVE_VNNI
+// acc + the four-byte dot products of u (unsigned) and s (signed) per int32 lane: what
+// maddubs + madd compute, in one instruction and without the 16-bit intermediate.
+inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s) {
+#if ANVE_AVX512
+    return _mm256_dpbusd_epi32(acc, u, s);
+#else
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+#endif
+}
+#endif
 
 struct QuantRows {
     int8_t *codes;  // [M, K], groups paired (pair_low)
@@ -173,9 +212,14 @@ constexpr int Q4_AHEAD = 8 * 8 * GROUP / 2;  // bytes of codes: 8 blocks of 256 
 // Two groups' q4 codes (32 bytes) against one row's paired activations (see pair_low):
 // [8] int32, the first group's dot product in lanes 0..3, the second's in 4..7.
 inline __m256i dot_pair(__m256i low, __m256i high, const int8_t *x) {
+#if ANVE_VNNI
+    const __m256i a = dpbusd(_mm256_setzero_si256(), low, _mm256_loadu_si256((const __m256i *)x));
+    return dpbusd(a, high, _mm256_loadu_si256((const __m256i *)(x + GROUP)));
+#else
     const __m256i a = _mm256_maddubs_epi16(low, _mm256_loadu_si256((const __m256i *)x));
     const __m256i b = _mm256_maddubs_epi16(high, _mm256_loadu_si256((const __m256i *)(x + GROUP)));
     return _mm256_madd_epi16(_mm256_add_epi16(a, b), _mm256_set1_epi16(1));  // |a + b| <= 4 * 15 * 127
+#endif
 }
 
 // 32 bytes of 4-bit codes as two vectors, the first in the low nibbles, the second in the
@@ -341,10 +385,55 @@ inline void q4k_one(const QuantRows256 xq, int K, const Q4KWeights w, const floa
     for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = hsum(acc[m]) + b;
 }
 
+#if ANVE_VNNI
+// The same sums with vpdpbusd: per super-block the 8 unpacked weight vectors stay in
+// registers and each row's 8 group dot products come out in the int32 lanes directly
+// (lane g: group g, exact); sc_g * dot_g is exact in float32 (< 2^24), so every row
+// gets what the AVX2 loop above gives it, bit for bit.
+template <int M>
+inline void q4k_one_vnni(const QuantRows256 xq, int K, const Q4KWeights w, const float *bias,
+                         float *y, int N, int n) {
+    const int S = K / SUPER, G = K / GROUP;
+    __m256 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
+    for (int sb = 0; sb < S; ++sb) {
+        const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
+        const uint8_t *codes = w.codes + g0 * (GROUP / 2);
+        prefetch((const char *)codes + Q4K_AHEAD, SUPER / 2);
+        prefetch((const char *)(w.sc + g0) + Q4K_AHEAD / 16, 1);
+        prefetch((const char *)(w.mn + g0) + Q4K_AHEAD / 16, 1);
+        __m256i wq[8];
+        for (int c = 0; c < SUPER / 64; ++c) unpack_q4_pair(codes + c * GROUP, wq[2 * c], wq[2 * c + 1]);
+        const __m256 scale = _mm256_cvtepi32_ps(
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w.sc + g0))));
+        const __m256 d = _mm256_set1_ps(w.d[(int64_t)n * S + sb]);
+        const __m256 mins = _mm256_mul_ps(  // [8] dmin * mn_g
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w.mn + g0)))),
+            _mm256_set1_ps(w.dmin[(int64_t)n * S + sb]));
+        for (int m = 0; m < M; ++m) {
+            const int8_t *x = xq.codes + m * (int64_t)K + sb * SUPER;
+            __m256i i32 = _mm256_setzero_si256();
+            for (int j = 0; j < 8; ++j)
+                i32 = dpbusd(i32, wq[j], _mm256_loadu_si256((const __m256i *)(x + j * GROUP)));
+            const __m256 dots = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(i32), scale),
+                                              _mm256_broadcast_ss(xq.scale + (int64_t)m * S + sb));
+            acc[m] = _mm256_fmadd_ps(dots, d, acc[m]);
+            acc[m] = _mm256_fnmadd_ps(mins, _mm256_loadu_ps(xq.bsum + (int64_t)m * G + sb * 8), acc[m]);
+        }
+    }
+    const float b = bias ? bias[n] : 0.0f;
+    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = hsum(acc[m]) + b;
+}
+#endif
+
 template <int M>
 void q4k_rows(const QuantRows256 xq, int K, const Q4KWeights w, const float *bias, float *y,
               int N, int n0, int n1) {
+#if ANVE_VNNI
+    for (int n = n0; n < n1; ++n) q4k_one_vnni<M>(xq, K, w, bias, y, N, n);
+#else
     for (int n = n0; n < n1; ++n) q4k_one<M>(xq, K, w, bias, y, N, n);
+#endif
 }
 
 struct Q6KWeights {
@@ -402,6 +491,62 @@ inline void q6k_one(const QuantRows256 xq, int K, const Q6KWeights w, const floa
     for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = hsum(acc[m]) + b;
 }
 
+#if ANVE_VNNI
+// Q6_K's scales of one half (see half_scales) as [8] int32, group g in lane g.
+inline __m256i half_scales32(__m128i sc16, int half) {
+    const __m128i pick = half ? _mm_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, 1, 3, 5, 7, 9, 11, 13, 15)
+                              : _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
+    return _mm256_cvtepi8_epi32(_mm_shuffle_epi8(sc16, pick));
+}
+
+// The same sums with vpdpbusd on signed codes: the activations flipped to unsigned
+// (x ^ 0x80 = x + 128) against the signed weights give sum x * w + 128 * sum w, and the
+// second term, the weights' alone, is taken off once for all rows. Each half's group
+// sums land in the int32 lanes (lane g: group g) and take their scales as int32: the
+// same exact integers as the AVX2 loop, so the same bits.
+template <int M>
+inline void q6k_one_vnni(const QuantRows256 xq, int K, const Q6KWeights w, const float *bias,
+                         float *y, int N, int n) {
+    const int S = K / SUPER, G = K / GROUP;
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    __m256 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
+    for (int sb = 0; sb < S; ++sb) {
+        const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
+        const int8_t *codes = w.q + g0 * GROUP;
+        prefetch((const char *)codes + Q6_AHEAD, SUPER);
+        prefetch((const char *)(w.sc + 2 * g0) + Q6_AHEAD / 16, 1);
+        const __m128i sc16 = _mm_loadu_si128((const __m128i *)(w.sc + 2 * g0));
+        __m256i wq[8], minus[2], scale[2];
+        for (int half = 0; half < 2; ++half) {
+            minus[half] = _mm256_setzero_si256();
+            for (int j = 4 * half; j < 4 * half + 4; ++j) {
+                wq[j] = _mm256_loadu_si256((const __m256i *)(codes + j * GROUP));
+                minus[half] = dpbusd(minus[half], flip, wq[j]);
+            }
+            scale[half] = half_scales32(sc16, half);
+        }
+        const float d = w.d[(int64_t)n * S + sb];
+        for (int m = 0; m < M; ++m) {
+            const int8_t *x = xq.codes + m * (int64_t)K + sb * SUPER;
+            __m256i i32 = _mm256_setzero_si256();
+            for (int half = 0; half < 2; ++half) {
+                __m256i dots = _mm256_setzero_si256();
+                for (int j = 4 * half; j < 4 * half + 4; ++j)
+                    dots = dpbusd(dots, _mm256_xor_si256(
+                        _mm256_loadu_si256((const __m256i *)(x + j * GROUP)), flip), wq[j]);
+                i32 = _mm256_add_epi32(i32, _mm256_mullo_epi32(_mm256_sub_epi32(dots, minus[half]),
+                                                               scale[half]));
+            }
+            const float dx = xq.scale[(int64_t)m * S + sb];
+            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_set1_ps(d * dx), acc[m]);
+        }
+    }
+    const float b = bias ? bias[n] : 0.0f;
+    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = hsum(acc[m]) + b;
+}
+#endif
+
 // The rows from m0 on.
 QuantRows rows_from(const QuantRows &q, int m0, int K) {
     const int64_t G = K / GROUP;
@@ -420,6 +565,10 @@ constexpr int BLOCK_ROWS = 4;
 template <int M>
 void q6k_rows(const QuantRows256 xq, int K, const Q6KWeights w, const float *bias, float *y,
               int N, int n0, int n1) {
+#if ANVE_VNNI
+    for (int n = n0; n < n1; ++n) q6k_one_vnni<M>(xq, K, w, bias, y, N, n);
+    return;
+#endif
     for (int n = n0; n < n1; ++n) {
         q6k_one<(M < BLOCK_ROWS ? M : BLOCK_ROWS)>(xq, K, w, bias, y, N, n);
         if constexpr (M > BLOCK_ROWS)
@@ -444,8 +593,12 @@ void q8_rows(const QuantRows xq, int K, const int8_t *codes, const float *scale,
                 const int8_t *row = xq.codes + (int64_t)m * K;
                 const __m256i x = _mm256_loadu2_m128i((const __m128i *)(row + high),
                                                       (const __m128i *)(row + low));
+#if ANVE_VNNI
+                const __m256i p32 = dpbusd(_mm256_setzero_si256(), w_abs, _mm256_sign_epi8(x, w));
+#else
                 const __m256i p16 = _mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(x, w));
                 const __m256i p32 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+#endif
                 acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32),
                                          _mm256_set1_ps(xq.scale[mg]), acc[m]);
             }
@@ -593,21 +746,27 @@ struct Scratch {
 
 }  // namespace
 
-#define DISPATCH(FN, ...)                          \
-    switch (mm) {                                  \
-        case 1: FN<1>(__VA_ARGS__); break;         \
-        case 2: FN<2>(__VA_ARGS__); break;         \
-        case 3: FN<3>(__VA_ARGS__); break;         \
-        case 4: FN<4>(__VA_ARGS__); break;         \
-        case 5: FN<5>(__VA_ARGS__); break;         \
-        case 6: FN<6>(__VA_ARGS__); break;         \
-        case 7: FN<7>(__VA_ARGS__); break;         \
-        default: FN<8>(__VA_ARGS__); break;        \
+// f(std::integral_constant<int, mm>) for 1 <= mm <= MAX_M: a kernel template compiled
+// for each row count a pass can hold.
+template <int M = 1, class F>
+inline void with_rows(int mm, F &&f) {
+    if constexpr (M < MAX_M) {
+        if (mm > M) return with_rows<M + 1>(mm, f);
     }
+    f(std::integral_constant<int, M>{});
+}
+
+#define DISPATCH(FN, ...) with_rows(mm, [&](auto rows) { FN<decltype(rows)::value>(__VA_ARGS__); });
 
 extern "C" {
 
-int anve_qdot_version(void) { return 14; }
+int anve_qdot_version(void) { return 15; }
+
+// The instruction set this copy was compiled for: "avx2", "avxvnni" or "avx512".
+const char *anve_qdot_variant(void) { return ANVE_VARIANT; }
+
+// Rows one pass over the weights holds.
+int anve_qdot_max_rows(void) { return MAX_M; }
 
 // One linear layer of a call: its weight form, N, weight arrays (in the order of the
 // forms above), optional bias [N] and output y [M, N].
@@ -622,8 +781,9 @@ struct Part {
 
 void part_tile(const Part &p, int M, int K, const QuantRows &r32, const QuantRows256 &r256,
                int n0, int n1) {
-    for (int m0 = 0; m0 < M; m0 += MAX_M) {
-        const int mm = M - m0 < MAX_M ? M - m0 : MAX_M;
+    const int passes = (M + MAX_M - 1) / MAX_M;
+    for (int pass = 0, m0 = 0; pass < passes; ++pass) {  // rows m0 .. m0 + mm - 1
+        const int mm = (M - m0) / (passes - pass) + ((M - m0) % (passes - pass) ? 1 : 0);
         float *out = p.y + (int64_t)m0 * p.n;
         const int N = p.n;
         if (p.form == FORM_Q4) {
@@ -646,6 +806,7 @@ void part_tile(const Part &p, int M, int K, const QuantRows &r32, const QuantRow
                                   (const float *)p.w[2]};
             DISPATCH(q6k_rows, xq, K, w, p.bias, out, N, n0, n1)
         }
+        m0 += mm;
     }
 }
 
