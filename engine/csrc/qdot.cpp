@@ -304,10 +304,16 @@ constexpr int SUPER = 256;  // inputs per Q4_K / Q6_K super-block
 inline int kernel_position(int i) { return (i % GROUP / 4) * GROUP + i / GROUP * 4 + i % 4; }
 
 struct QuantRows256 {
-    int8_t *codes;  // [M, K] in kernel order per super-block
+    int8_t *codes;  // [M, K] in kernel order per super-block (slot: where each vector sits)
     float *scale;   // [M, K / 256], dx per super-block
     float *bsum;    // [M, K / 32], dx * the sum of each 32-group's codes
+    float *gscale;  // [M, K / 32], dx of each 32-group's super-block (AVX-512 only)
 };
+
+// Where kernel-order vector v (0..7) of a super-block's activations sits. The AVX-512
+// loops read 64 bytes at a time as vectors (0, 2), (1, 3), (4, 6), (5, 7): the halves
+// that one 64-byte load of q4k codes unpacks into (chunk c's low nibbles are vector 2c).
+constexpr int slot(int v) { return ANVE_AVX512 ? (v & 4) | (v & 1) << 1 | (v >> 1 & 1) : v; }
 
 void quantize_rows_256(const float *x, int M, int K, QuantRows256 q) {
     const int S = K / SUPER;
@@ -321,8 +327,14 @@ void quantize_rows_256(const float *x, int M, int K, QuantRows256 q) {
             q.bsum[(int64_t)ms * (SUPER / GROUP) + j] = d * (float)total;
         }
         int8_t *dst = q.codes + (int64_t)ms * SUPER;
-        for (int i = 0; i < SUPER; i += 4) memcpy(dst + kernel_position(i), codes + i, 4);
+        for (int i = 0; i < SUPER; i += 4) {
+            const int at = kernel_position(i);
+            memcpy(dst + slot(at / GROUP) * GROUP + at % GROUP, codes + i, 4);
+        }
         q.scale[ms] = d;
+#if ANVE_AVX512
+        for (int j = 0; j < SUPER / GROUP; ++j) q.gscale[(int64_t)ms * (SUPER / GROUP) + j] = d;
+#endif
     }
 }
 
@@ -414,7 +426,7 @@ inline void q4k_one_vnni(const QuantRows256 xq, int K, const Q4KWeights w, const
             const int8_t *x = xq.codes + m * (int64_t)K + sb * SUPER;
             __m256i i32 = _mm256_setzero_si256();
             for (int j = 0; j < 8; ++j)
-                i32 = dpbusd(i32, wq[j], _mm256_loadu_si256((const __m256i *)(x + j * GROUP)));
+                i32 = dpbusd(i32, wq[j], _mm256_loadu_si256((const __m256i *)(x + slot(j) * GROUP)));
             const __m256 dots = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(i32), scale),
                                               _mm256_broadcast_ss(xq.scale + (int64_t)m * S + sb));
             acc[m] = _mm256_fmadd_ps(dots, d, acc[m]);
@@ -426,10 +438,79 @@ inline void q4k_one_vnni(const QuantRows256 xq, int K, const Q4KWeights w, const
 }
 #endif
 
+#if ANVE_AVX512
+// [a x 8 | b x 8] from p[0], p[1] (b = 0 without a second).
+inline __m512 pair16(const float *p, bool two) {
+    return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(p[0]), _mm512_set1_ps(two ? p[1] : 0.0f));
+}
+
+// 16 bytes (8 without a second super-block) as [16] float.
+inline __m512 bytes16(const uint8_t *p, bool two) {
+    const __m128i v = two ? _mm_loadu_si128((const __m128i *)p) : _mm_loadl_epi64((const __m128i *)p);
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
+}
+
+// The [16] int32 group sums of two super-blocks (lanes 0..7: a's groups, 8..15: b's) from
+// their 512-bit dot products, each holding a group's sum split over its two halves.
+inline __m512i join_halves(__m512i a, __m512i b) {
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, 0x44), _mm512_shuffle_i32x4(a, b, 0xEE));
+}
+
+// q4k on 512-bit vectors, two super-blocks at a time: a 64-byte load of codes unpacks
+// into vectors (0, 2) and (1, 3) (4, 6 and 5, 7 for the next 64), against activations
+// stored in that order (slot); per row and super-block pair the 16 group sums take
+// their factors in one [16] vector: (dot_g * sc_g * d) * dx - (dmin * mn_g) * (dx * bsum_g).
+// A last, unpaired super-block runs the same code with its partner's lanes zero.
+template <int M>
+inline void q4k_one_512(const QuantRows256 xq, int K, const Q4KWeights w, const float *bias,
+                        float *y, int N, int n) {
+    const int S = K / SUPER, G = K / GROUP;
+    const __m512i mask = _mm512_set1_epi8(0x0F);
+    __m512 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+    for (int sb = 0; sb < S; sb += 2) {
+        const bool two = sb + 1 < S;
+        const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
+        const uint8_t *codes = w.codes + g0 * (GROUP / 2);
+        prefetch((const char *)codes + Q4K_AHEAD, SUPER);
+        prefetch((const char *)(w.sc + g0) + Q4K_AHEAD / 16, 1);
+        prefetch((const char *)(w.mn + g0) + Q4K_AHEAD / 16, 1);
+        __m512i wq[8];  // super-block sb: 0..3, sb + 1: 4..7
+        for (int c = 0; c < (two ? 4 : 2); ++c) {
+            const __m512i v = _mm512_loadu_si512((const void *)(codes + c * 64));
+            wq[2 * c] = _mm512_and_si512(v, mask);
+            wq[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+        }
+        const __m512 scd = _mm512_mul_ps(bytes16(w.sc + g0, two), pair16(w.d + (int64_t)n * S + sb, two));
+        const __m512 mins = _mm512_mul_ps(bytes16(w.mn + g0, two),
+                                          pair16(w.dmin + (int64_t)n * S + sb, two));
+        const __mmask16 lanes = two ? 0xFFFF : 0x00FF;
+        for (int m = 0; m < M; ++m) {
+            const int8_t *x = xq.codes + m * (int64_t)K + sb * SUPER;
+            __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
+            for (int j = 0; j < 4; ++j)
+                a = _mm512_dpbusd_epi32(a, wq[j], _mm512_loadu_si512((const void *)(x + 64 * j)));
+            if (two)
+                for (int j = 0; j < 4; ++j)
+                    b = _mm512_dpbusd_epi32(b, wq[4 + j],
+                                            _mm512_loadu_si512((const void *)(x + SUPER + 64 * j)));
+            const __m512 dots = _mm512_mul_ps(_mm512_cvtepi32_ps(join_halves(a, b)), scd);
+            const int64_t at = (int64_t)m * G + sb * (SUPER / GROUP);
+            acc[m] = _mm512_fmadd_ps(dots, _mm512_maskz_loadu_ps(lanes, xq.gscale + at), acc[m]);
+            acc[m] = _mm512_fnmadd_ps(mins, _mm512_maskz_loadu_ps(lanes, xq.bsum + at), acc[m]);
+        }
+    }
+    const float b = bias ? bias[n] : 0.0f;
+    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = _mm512_reduce_add_ps(acc[m]) + b;
+}
+#endif
+
 template <int M>
 void q4k_rows(const QuantRows256 xq, int K, const Q4KWeights w, const float *bias, float *y,
               int N, int n0, int n1) {
-#if ANVE_VNNI
+#if ANVE_AVX512
+    for (int n = n0; n < n1; ++n) q4k_one_512<M>(xq, K, w, bias, y, N, n);
+#elif ANVE_VNNI
     for (int n = n0; n < n1; ++n) q4k_one_vnni<M>(xq, K, w, bias, y, N, n);
 #else
     for (int n = n0; n < n1; ++n) q4k_one<M>(xq, K, w, bias, y, N, n);
@@ -534,7 +615,7 @@ inline void q6k_one_vnni(const QuantRows256 xq, int K, const Q6KWeights w, const
                 __m256i dots = _mm256_setzero_si256();
                 for (int j = 4 * half; j < 4 * half + 4; ++j)
                     dots = dpbusd(dots, _mm256_xor_si256(
-                        _mm256_loadu_si256((const __m256i *)(x + j * GROUP)), flip), wq[j]);
+                        _mm256_loadu_si256((const __m256i *)(x + slot(j) * GROUP)), flip), wq[j]);
                 i32 = _mm256_add_epi32(i32, _mm256_mullo_epi32(_mm256_sub_epi32(dots, minus[half]),
                                                                scale[half]));
             }
@@ -555,7 +636,7 @@ QuantRows rows_from(const QuantRows &q, int m0, int K) {
 
 QuantRows256 rows_from(const QuantRows256 &q, int m0, int K) {
     return {q.codes + m0 * (int64_t)K, q.scale + m0 * (int64_t)(K / SUPER),
-            q.bsum + m0 * (int64_t)(K / GROUP)};
+            q.bsum + m0 * (int64_t)(K / GROUP), q.gscale + m0 * (int64_t)(K / GROUP)};
 }
 
 // Rows at a time in one pass over a q6k output feature's weights: their sums stay in
@@ -729,7 +810,7 @@ struct Scratch {
     int64_t codes_bytes;
     Scratch(int M, int K) {
         codes_bytes = ((int64_t)M * K + 63) / 64 * 64;
-        const int64_t extra = 2 * (int64_t)M * (K / GROUP) * 4;
+        const int64_t extra = 3 * (int64_t)M * (K / GROUP) * 4;
         const int64_t bytes = (codes_bytes + extra + 63) / 64 * 64;
         block = (char *)aligned_alloc(64, (size_t)(bytes > 64 ? bytes : 64));
     }
@@ -739,8 +820,8 @@ struct Scratch {
         return {(int8_t *)block, scale, scale + (int64_t)M * (K / GROUP)};
     }
     QuantRows256 rows256(int M, int K) const {
-        float *scale = (float *)(block + codes_bytes);
-        return {(int8_t *)block, scale, scale + (int64_t)M * (K / SUPER)};
+        float *scale = (float *)(block + codes_bytes), *bsum = scale + (int64_t)M * (K / SUPER);
+        return {(int8_t *)block, scale, bsum, bsum + (int64_t)M * (K / GROUP)};
     }
 };
 
