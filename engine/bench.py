@@ -20,6 +20,14 @@ of a target forward over ``k`` tokens with a warm cache, and the memory-bandwidt
 ceiling (copy bandwidth / bytes of weights read per token). ``--quick`` uses the
 light profile and four prompts. Results go to a JSON file and a Markdown table.
 
+Native kernel variants (:mod:`engine.kernels`): the header names the one that runs;
+``--variants`` adds plain decoding under every other variant this CPU runs (rows
+``plain [avx2]`` ...) and an A/B in the same process, variants taking turns: the q4k
+kernel's GMAC/s on a 1536x8960 matrix at 1, 2, 4, 8 and 16 rows
+(:func:`kernel_throughput`), and per variant the target's t(k)/t(1) and prompt
+reading ms/token (:func:`variant_costs`). ``python -m engine.bench --kernels-only``
+runs that A/B alone.
+
 Rows run interleaved: prompt by prompt, every row in an order that rotates by one per
 prompt, so a slow spell of the (shared, noisy) machine falls on all rows alike. Each
 row keeps its own adaptive policies and suffix corpus from prompt to prompt.
@@ -50,8 +58,10 @@ from typing import Any
 import psutil
 import torch
 
+from engine import kernels
 from engine.accelerate import model_bytes
 from engine.drafters.suffix import SuffixDrafter
+from engine.fastlinear import Q4KLinear
 from engine.protocol import ACCELERATIONS, Completion
 from engine.registry import PROFILES
 from engine.runner import ModelRunner
@@ -265,6 +275,103 @@ def verification_costs(engine: ChatEngine, ks: tuple[int, ...] = (1, 2, 3, 4, 5,
     return forward_costs([(ModelRunner(engine.target.model), ks, True)], reps)[0]
 
 
+@contextmanager
+def kernel_variant(name: str | None) -> Iterator[None]:
+    """Run the block under kernel variant ``name`` (``None``: the one running now)."""
+    if name is None:
+        yield
+        return
+    kernels.use(name)
+    try:
+        yield
+    finally:
+        kernels.use(None)
+
+
+def q4k_matrix(n: int = 8960, k: int = 1536, seed: int = 0) -> Q4KLinear:
+    """A random layer ``[n, k]`` in the q4k form (Qwen 1.5B's gate/up shape by default)."""
+    gen = torch.Generator().manual_seed(seed)
+    groups, blocks = k // kernels.GROUP, k // 256
+    return Q4KLinear(torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen),
+                     torch.randint(0, 64, (n, groups), dtype=torch.uint8, generator=gen),
+                     torch.randint(0, 64, (n, groups), dtype=torch.uint8, generator=gen),
+                     torch.rand(n, blocks, generator=gen) * 1e-3,
+                     torch.rand(n, blocks, generator=gen) * 1e-3)
+
+
+def kernel_throughput(variants: Sequence[str], rows: Sequence[int] = (1, 2, 4, 8, 16),
+                      n: int = 8960, k: int = 1536, reps: int = 15
+                      ) -> dict[str, dict[int, float]]:
+    """GMAC/s (multiply-adds per second / 1e9) of one q4k layer call per variant and
+    row count, the median of ``reps`` calls; all variants and row counts take turns in
+    each repetition (the weights stay in the caches the machine has)."""
+    layer = q4k_matrix(n, k)
+    inputs = {m: torch.randn(m, k) for m in rows}
+    times: dict[str, dict[int, list[float]]] = {v: {m: [] for m in rows} for v in variants}
+    for rep in range(reps + 1):
+        for name in variants:
+            with kernel_variant(name):
+                for m, x in inputs.items():
+                    start = time.perf_counter()
+                    layer(x)
+                    if rep:
+                        times[name][m].append(time.perf_counter() - start)
+    return {name: {m: m * n * k / sorted(t)[reps // 2] / 1e9 for m, t in by_rows.items()}
+            for name, by_rows in times.items()}
+
+
+def variant_costs(runner: ModelRunner, variants: Sequence[str],
+                  ks: tuple[int, ...] = (1, 2, 4, 8), prompt: int = 128, reps: int = 5
+                  ) -> dict[str, dict[str, Any]]:
+    """Per variant: ``t`` the median seconds of a forward over k new tokens with all k
+    rows' logits (as :func:`forward_costs`) and ``prompt_ms_per_token`` the median time
+    of reading a ``prompt``-token prompt from an empty cache, per token; variants take
+    turns within each repetition (after a warm-up round)."""
+    vocab = int(runner.model.config.vocab_size)
+    context = [(100 + i) % vocab for i in range(prompt)]
+    steps: dict[str, dict[int, list[float]]] = {v: {k: [] for k in ks} for v in variants}
+    reads: dict[str, list[float]] = {v: [] for v in variants}
+    for rep in range(reps + 1):
+        for name in variants:
+            with kernel_variant(name):
+                runner.reset()
+                start = time.perf_counter()
+                runner.sync(context)
+                if rep:
+                    reads[name].append((time.perf_counter() - start) / prompt)
+                for k in ks:
+                    start = time.perf_counter()
+                    runner.forward([(300 + i) % vocab for i in range(k)], rows=k)
+                    if rep:
+                        steps[name][k].append(time.perf_counter() - start)
+                    runner.truncate(prompt)
+    return {name: {"t": {k: sorted(t)[reps // 2] for k, t in steps[name].items()},
+                   "prompt_ms_per_token": 1000 * sorted(reads[name])[reps // 2]}
+            for name in variants}
+
+
+def variants_markdown(throughput: dict[str, dict[int, float]],
+                      costs: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """The A/B tables of :func:`kernel_throughput` and :func:`variant_costs` (per model)."""
+    rows = list(next(iter(throughput.values())))
+    lines = ["q4k kernel, 1536x8960, GMAC/s by rows:", "",
+             "| variant | " + " | ".join(str(m) for m in rows) + " |",
+             "| --- |" + " ---: |" * len(rows)]
+    lines += [f"| {name} | " + " | ".join(f"{by[m]:.1f}" for m in rows) + " |"
+              for name, by in throughput.items()]
+    for model, by_variant in costs.items():
+        ks = list(next(iter(by_variant.values()))["t"])
+        lines += ["", f"{model}: t(k)/t(1) and prompt reading:", "",
+                  "| variant | t(1) ms | " + " | ".join(f"t({k})/t(1)" for k in ks[1:])
+                  + " | prompt ms/token |", "| --- |" + " ---: |" * (len(ks) + 1)]
+        for name, c in by_variant.items():
+            t = c["t"]
+            lines.append(f"| {name} | {t[ks[0]] * 1000:.1f} | "
+                         + " | ".join(f"{t[k] / t[ks[0]]:.2f}" for k in ks[1:])
+                         + f" | {c['prompt_ms_per_token']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def copy_bandwidth(megabytes: int = 256) -> float:
     """Bytes moved per second (read + write) copying a large buffer, best of 5."""
     src = torch.ones(megabytes << 18)  # float32: 4 bytes each
@@ -355,7 +462,8 @@ def markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"Benchmark {meta['date']} · {meta['machine']} · target {meta['target']}"
         + (f" + draft {meta['draft']}" if meta["draft"] else "")
         + f" · {meta['prompts']} prompts · ≤{meta['max_tokens']} new tokens · greedy"
-        + f" · linear layers {meta['accel']}",
+        + f" · linear layers {meta['accel']}"
+        + f" · native kernels {meta.get('kernels') or 'off'}",
         "",
         "| row | tok/s | speedup | generation tok/s² | speedup² | acceptance | tokens/pass "
         "| identical¹ | peak RSS |",
@@ -391,6 +499,9 @@ def markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
               f"Memory-bandwidth ceiling: {meta['copy_gb_s']:.1f} GB/s copy / "
               f"{meta['weight_gb']:.2f} GB of weights per token = {meta['ceiling_tps']:.2f} tok/s; "
               f"plain decoding reaches {meta['plain_pct_of_ceiling']:.0f} % of it."]
+    if meta.get("variant_ab"):
+        lines += ["", variants_markdown(meta["variant_ab"]["kernel_gmac_s"],
+                                        meta["variant_ab"]["models"]).rstrip()]
     return "\n".join(lines) + "\n"
 
 
@@ -409,8 +520,10 @@ def stock_spec(target: str, data_dir: str | None, max_tokens: int) -> RowSpec:
     return STOCK, run
 
 
-def row_specs(engine: ChatEngine, k: int, max_tokens: int) -> list[RowSpec]:
-    """The rows to run, first the plain baseline; only methods the models allow."""
+def row_specs(engine: ChatEngine, k: int, max_tokens: int,
+              variants: Sequence[str] = ()) -> list[RowSpec]:
+    """The rows to run, first the plain baseline; only methods the models allow; plain
+    decoding under each of ``variants`` (kernel variants) after it."""
 
     def ours(method: str, length: DraftLength, branches: int = 0
              ) -> Callable[[ChatEngine, list[int], str], Run]:
@@ -423,7 +536,15 @@ def row_specs(engine: ChatEngine, k: int, max_tokens: int) -> list[RowSpec]:
     def peer(mode: str) -> Callable[[ChatEngine, list[int], str], Run]:
         return lambda e, ids, kind: run_transformers(e, ids, kind, mode, max_tokens, k)
 
+    def plain_under(name: str) -> Callable[[ChatEngine, list[int], str], Run]:
+        def run(e: ChatEngine, ids: list[int], kind: str) -> Run:
+            with kernel_variant(name):
+                return run_ours(e, ids, kind, "off", k, max_tokens)
+
+        return run
+
     specs: list[RowSpec] = [("plain (ours)", ours("off", k))]
+    specs += [(f"plain [{name}]", plain_under(name)) for name in variants]
     for method in ("draft", "ngram", "suffix", "hybrid", "eagle"):
         if method in engine.methods:
             specs += [(f"{method} k={k}", ours(method, k)),
@@ -512,6 +633,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="linear-layer kernels of every row (default auto)")
     parser.add_argument("--stock", action="store_true",
                         help="add plain decoding on transformers' own layers (a second copy)")
+    parser.add_argument("--variants", action="store_true",
+                        help="plain rows and an A/B under every native kernel variant")
+    parser.add_argument("--kernels-only", action="store_true",
+                        help="only the kernel variants' A/B (q4k GMAC/s, t(k), prompt reading)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument("--data-dir", default=None)
     return parser.parse_args(argv)
@@ -525,8 +650,32 @@ def main(argv: list[str] | None = None) -> int:
     target, draft = PROFILES[profile]
     engine = ChatEngine.load(target, draft, dtype=args.dtype, data_dir=args.data_dir,
                              accel=args.accel)
+    running = kernels.variant()
+    others = [v for v in kernels.buildable() if v != running] if running else []
+    ab: dict[str, Any] | None = None
+    if (args.variants or args.kernels_only) and running:
+        everyone = [*others, running]
+        models = {target: engine.target.model}
+        if engine.draft is not None:
+            models[draft or "draft"] = engine.draft.model
+        ab = {"kernel_gmac_s": kernel_throughput(everyone),
+              "models": {name: variant_costs(ModelRunner(model), everyone)
+                         for name, model in models.items()}}
+    if args.kernels_only:
+        if ab is None:
+            log.error("native kernels not running here: nothing to compare")
+            return 1
+        args.out.mkdir(parents=True, exist_ok=True)
+        stem = args.out / f"kernels-{profile}-{time.strftime('%Y%m%d-%H%M')}"
+        table = (f"Kernel variants {time.strftime('%Y-%m-%d %H:%M')} · {machine()} · "
+                 f"running {running} · CPU flags for: {', '.join(kernels.supported())}\n\n"
+                 + variants_markdown(ab["kernel_gmac_s"], ab["models"]))
+        stem.with_suffix(".md").write_text(table)
+        stem.with_suffix(".json").write_text(json.dumps({"running": running, **ab}, indent=1))
+        sys.stdout.write(table)
+        return 0
     k = args.k or min(4, engine.max_adaptive)
-    specs = row_specs(engine, k, args.max_tokens)
+    specs = row_specs(engine, k, args.max_tokens, others if args.variants else ())
     if args.stock:
         specs.insert(1, stock_spec(target, args.data_dir, args.max_tokens))
     wanted = [w for w in args.rows.split(",") if w]
@@ -542,7 +691,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(), "profile": profile,
         "target": target, "draft": draft, "dtype": args.dtype, "prompts": len(prompts),
-        "accel": engine.target.accel, "fixed_k": k,
+        "accel": engine.target.accel, "fixed_k": k, "kernels": running,
+        "variant_ab": ab,
         "max_tokens": args.max_tokens, "verify_cost_s": costs, "copy_gb_s": bandwidth / 1e9,
         "weight_gb": weights / 1e9, "ceiling_tps": bandwidth / weights,
         "plain_pct_of_ceiling": 100 * plain_tps / (bandwidth / weights),

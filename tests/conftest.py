@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.kernel_variants import variant  # noqa: F401 (each kernel variant in turn)
 from tests.tiny import save_tiny
 
 LIGHT = "smollm2-135m-instruct"

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from engine import bench
+from engine import bench, kernels
 from engine.accelerate import accelerate, model_bytes
 from engine.bench import KINDS, PROMPTS, Row, Run
 from engine.fastlinear import Int8Linear
@@ -169,3 +169,16 @@ def test_a_block_shorter_than_the_sampling_interval_still_gets_its_rss() -> None
     with bench.peak_rss(row):
         pass
     assert row.peak_rss > 0
+
+
+def test_the_kernel_variants_a_b_reports_every_variant_and_row_count() -> None:
+    names = kernels.buildable()
+    if not names:
+        pytest.skip("native kernels need AVX2, FMA, F16C and a C++ compiler")
+    rates = bench.kernel_throughput(names, rows=(1, 3), n=32, k=512, reps=1)
+    assert set(rates) == set(names) and all(set(by) == {1, 3} for by in rates.values())
+    assert all(r > 0 for by in rates.values() for r in by.values())
+    assert kernels.variant() == names[-1]  # the forced variants are undone
+    costs = {"m": {v: {"t": {1: 0.01, 2: 0.012}, "prompt_ms_per_token": 3.0} for v in names}}
+    text = bench.variants_markdown(rates, costs)
+    assert all(f"| {v} |" in text for v in names) and "| 1.20 | 3.00 |" in text

@@ -2,7 +2,6 @@
 kernel variant this CPU runs (the ``variant`` fixture forces each in turn)."""
 
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,20 +30,6 @@ pytestmark = pytest.mark.skipif(
 )
 GROUP = kernels.GROUP
 
-
-@pytest.fixture(params=list(kernels.BY_NAME))
-def variant(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Each kernel variant in turn, forced for the test (skipped where it cannot run)."""
-    name = str(request.param)
-    reason = kernels.why_not(name)
-    if reason is not None:
-        pytest.skip(reason)
-    kernels.use(name)
-    try:
-        assert kernels.variant() == name
-        yield name
-    finally:
-        kernels.use(None)
 
 
 def quantize_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

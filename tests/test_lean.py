@@ -87,18 +87,19 @@ def test_the_native_step_matches_the_forward_within_rounding(tmp_path: Path, kin
             torch.testing.assert_close(layer_ours.values, layer_theirs.values, rtol=0, atol=2e-2)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize(("kind", "count"), [("llama", 6), ("qwen2", 6), ("llama", 16)])
 def test_a_native_k_row_step_gives_each_row_what_one_row_steps_give(
-    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, kind: str, count: int, variant: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Under every kernel variant; 16 rows: one pass over the weights in AVX-512's."""
     monkeypatch.setattr(kvcache, "MIN_CAPACITY", 10)  # the buffers grow during the test
     model, step = native_step(tmp_path, kind)
     rows, single = growing_cache(model.config), growing_cache(model.config)
-    new = [9, 100, 42, 8, 1, 77]
+    new = [9, 100, 42, 8, 1, 77, 5, 64, 3, 31, 12, 90, 2, 55, 18, 70][:count]
     with torch.inference_mode():
         for cache in (rows, single):
             model(input_ids=torch.tensor([PROMPT]), cache=cache)
-        together, _ = step.step(new, rows, len(new), keep=False)  # [1, 6, V]
+        together, _ = step.step(new, rows, len(new), keep=False)  # [1, count, V]
         apart = torch.cat([step.step([t], single, 1, keep=False)[0] for t in new], dim=1)
     assert torch.equal(together, apart)
     assert rows.get_seq_length() == single.get_seq_length() == len(PROMPT) + len(new)
