@@ -66,6 +66,7 @@ MODES: tuple[str, ...] = ("off", "fp32", "int4", "int4+int8")
 CACHE_FORMAT = 5  # 2: Q4_K as Q4KLinear; 3: Q6_K as Q6KLinear; 4: Q4_K pair layout, uint8;
 # 5: Q4_K and Q6_K codes in the kernels' order
 Q4K_INPUTS = 256  # a Q4_K super-block
+CACHE_LINE = 64  # bytes: where torch's kernels want their weights to start
 _QUANT_LAYERS: dict[str, type[QuantizedLinear]] = {
     c.__name__: c for c in (Int4Linear, Int8Linear, Q4Linear, Q4KLinear, Q6KLinear, Q8Linear)
 }
@@ -190,6 +191,17 @@ def _save_cache(path: Path, layers: dict[str, nn.Module], source: str) -> None:
     log.info("cached %d converted layers in %s", len(kinds), path)
 
 
+def aligned(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, or a fresh copy of it where it does not start on a cache line.
+
+    ``safetensors.torch.load_file`` hands out tensors at the file's own offsets (an int8
+    weight at an address = 11 mod 64 was seen), and torch's ``_weight_int8pack_mm``
+    crashed on such a weight on an AVX-512 machine while it ran on a copy (torch's
+    allocator aligns to 64 bytes). Our own kernels load with unaligned instructions.
+    """
+    return tensor if tensor.data_ptr() % CACHE_LINE == 0 else tensor.clone()
+
+
 def _load_cache(
     path: Path, linears: dict[str, nn.Linear], source: str
 ) -> dict[str, nn.Module] | None:
@@ -204,8 +216,11 @@ def _load_cache(
         layers: dict[str, nn.Module] = {}
         for name, kind in kinds.items():
             cls = _QUANT_LAYERS[kind]
-            bias = tensors.get(f"{name}.bias")
-            layer = cls(*(tensors[f"{name}.{b}"] for b in cls.BUFFERS), bias)
+            held = (*(f"{name}.{b}" for b in cls.BUFFERS), f"{name}.bias")
+            arrays = [tensors.get(key) for key in held]
+            if not issubclass(cls, NativeLinear):  # torch's kernels; ours load unaligned
+                arrays = [None if t is None else aligned(t) for t in arrays]
+            layer = cls(*arrays)
             linear = linears[name]
             if (layer.out_features, layer.in_features) != tuple(linear.weight.shape):
                 raise ValueError(f"{name}: cached shape differs from the model's")
