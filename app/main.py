@@ -21,7 +21,7 @@ from pathlib import Path
 
 from PySide6.QtWidgets import QApplication
 
-from app import theme
+from app import display, theme
 from app.application import AnveApp
 from app.client import normalise_url
 from app.launcher import WorkerCommand
@@ -95,6 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import qasync
 
+    if QApplication.instance() is None and (missing := display.problem()) is not None:
+        log.error("%s", missing)  # Qt would abort with a message about its plugin
+        return 1
     qt_app = QApplication.instance() or QApplication(sys.argv[:1])
     assert isinstance(qt_app, QApplication)
     qt_app.setApplicationName("ANVE")
