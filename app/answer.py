@@ -11,6 +11,9 @@ objects, see ``engine/worker/schema.py``) in order with the time they arrived an
 * before the first token, how many answers the worker serves before this one
   (``anve.queue``) and how much of a long prompt it has read (``anve.prompt_progress``);
   :func:`waiting_text` says it under the answer,
+* the drafting method the worker runs the answer with (``anve.method`` of the first
+  chunk; the footer names it from the first token on, never "unknown") and how many
+  earlier messages a rolling context window left out (``anve.context_window``),
 * the worker's measured :class:`AnswerStats` once the final chunk arrives,
 * and, from any OpenAI-compatible server, the finish reason, ``usage`` and llama.cpp's
   ``timings`` (the client maps them with :mod:`app.engines`).
@@ -33,7 +36,10 @@ ENGINE_LABELS = {"vllm": "vLLM", "llama.cpp": "llama.cpp", "openai": "other serv
 
 
 def method_name(method: str | None) -> str:
-    return METHOD_NAMES.get(method or "", method or "unknown")
+    """The method in words (a newer worker's by its name); none is just speculation."""
+    if not method or method == "unknown":
+        return "speculative decoding"
+    return METHOD_NAMES.get(method, method)
 
 
 @dataclass(frozen=True)
@@ -64,13 +70,15 @@ class AnswerStats:
     prompt_read: int = 0  # while a long prompt is read: its tokens read so far,
     prompt_to_read: int = 0  # of these (the part not cached); 0 when not reported
     queue_ahead: int = 0  # while the answer waits its turn: answers before it
+    dropped_messages: int = 0  # earlier messages a rolling context window left out
 
     @classmethod
     def from_final_chunk(cls, chunk: dict[str, Any]) -> "AnswerStats":
         spec = chunk.get("speculation") or {}
         usage = chunk.get("usage") or {}
         choices = chunk.get("choices") or [{}]
-        ids = (chunk.get("anve") or {}).get("token_ids")
+        anve = chunk.get("anve") or {}
+        ids = anve.get("token_ids")
         return cls(
             method=str(spec.get("method", "unknown")),
             enabled=bool(spec.get("enabled", False)),
@@ -89,6 +97,7 @@ class AnswerStats:
             time_to_first_token_s=spec.get("time_to_first_token_s"),
             finish_reason=choices[0].get("finish_reason"),
             token_ids=None if ids is None else tuple(int(t) for t in ids),
+            dropped_messages=dropped_messages(anve.get("context_window")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -116,6 +125,12 @@ class AnswerStats:
         if not self.passes:
             return []
         return [n / self.passes for n in self.accepted_per_position]
+
+
+def dropped_messages(window: Any) -> int:
+    """``anve.context_window.dropped_messages`` (0 when absent or ill-formed)."""
+    n = window.get("dropped_messages") if isinstance(window, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
 
 
 def stored_stats(stored: dict[str, Any] | None) -> AnswerStats | None:
@@ -200,6 +215,8 @@ class AnswerStream:
     prompt_read: int = 0  # the worker's last anve.prompt_progress: tokens read so far,
     prompt_to_read: int = 0  # of these
     queue_ahead: int = 0  # the worker's last anve.queue: answers before this one
+    method: str | None = None  # the worker's anve.method: what the answer runs with
+    dropped_messages: int = 0  # the worker's anve.context_window: messages left out
 
     def add(self, chunk: dict[str, Any], now: float) -> None:
         """Take one SSE payload that arrived at ``now``."""
@@ -234,8 +251,12 @@ class AnswerStream:
         self.last_token_at = now
 
     def _take_status(self, anve: dict[str, Any]) -> None:
-        """Take the worker's ``queue: {ahead}`` and ``prompt_progress: {read, total}``
-        (ill-formed figures are ignored)."""
+        """Take the worker's ``queue: {ahead}``, ``prompt_progress: {read, total}``,
+        ``method`` and ``context_window`` (ill-formed figures are ignored)."""
+        if isinstance(anve.get("method"), str) and anve["method"]:
+            self.method = anve["method"]
+        self.dropped_messages = (dropped_messages(anve.get("context_window"))
+                                 or self.dropped_messages)
         queue, progress = anve.get("queue"), anve.get("prompt_progress")
         if isinstance(queue, dict) and isinstance(queue.get("ahead"), int) and queue["ahead"] >= 0:
             self.queue_ahead = queue["ahead"]
@@ -260,8 +281,10 @@ class AnswerStream:
             elapsed = max(now, self.last_token_at or now) - self.first_token_at
             rate = (self.tokens - 1) / elapsed if elapsed > 0 else None
         ttft = None if self.first_token_at is None else self.first_token_at - self.started
+        drafting = any(self.accepted_per_position)
         return AnswerStats(
-            enabled=any(self.accepted_per_position),
+            method=self.method or "unknown",
+            enabled=drafting if self.method is None else self.method != "off",
             completion_tokens=self.tokens,
             passes=self.passes,
             drafted=self.drafted,
@@ -277,6 +300,7 @@ class AnswerStream:
             prompt_read=self.prompt_read,
             prompt_to_read=self.prompt_to_read,
             queue_ahead=self.queue_ahead,
+            dropped_messages=self.dropped_messages,
         )
 
     def stats(self, now: float) -> AnswerStats:

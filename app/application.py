@@ -4,7 +4,8 @@ Contract: :class:`AnveApp` wires everything and owns the shutdown order. With a
 ``worker_url`` it attaches to that server (our worker or any OpenAI-compatible one) and
 never stops it; otherwise it attaches to the server saved in Admin, if any, or starts
 its own worker (:class:`WorkerLauncher`), restarts it when it dies (the window says so;
-a partial answer is kept as interrupted by the chat controller) and stops it on close.
+a partial answer is kept as interrupted by the chat controller, whose note then says the
+worker stopped and was restarted) and stops it on close.
 Choosing a server or the local worker in Admin switches at once (:meth:`use_server`,
 :meth:`use_local_worker`). :meth:`start` needs the qasync loop running;
 :meth:`shutdown` is a coroutine.
@@ -47,10 +48,10 @@ class AnveApp(QObject):
         self.command = command or WorkerCommand()
         self.attached_by_option = worker_url is not None
         self.launcher: WorkerLauncher | None = None
-        if worker_url is None:
-            self.launcher = self._new_launcher()
         self.answers = RecentAnswersModel(parent=self)
         self.chat = ChatController(self.db, self.client, self)
+        if worker_url is None:
+            self.launcher = self._new_launcher()
         self.demo = DemoController(self.db, self.client, self)
         self.admin = AdminController(self.db, self.client, self)
         prompts = load_prompts(assets_dir() / "demo" / "prompts.json")
@@ -65,7 +66,9 @@ class AnveApp(QObject):
     def _new_launcher(self) -> WorkerLauncher:
         launcher = WorkerLauncher(self.command, self.data_dir / "worker.log", self)
         launcher.listened.connect(self.client.set_url)
+        launcher.listened.connect(self.chat.worker_restarted)
         launcher.exited.connect(self._worker_died)
+        launcher.gave_up.connect(self.chat.worker_gave_up)
         return launcher
 
     def _wire(self) -> None:
@@ -111,6 +114,7 @@ class AnveApp(QObject):
         self._measured(result.stats)
 
     def _worker_died(self, why: str) -> None:
+        self.chat.worker_stopped(why)
         self.client.set_url(None, why)
 
     async def _attach_saved_or_start(self) -> None:

@@ -12,7 +12,11 @@ Contract:
   (50 ms), so the window stays smooth however fast tokens come; exactly one
   :attr:`answer_finished` follows with an :class:`AnswerResult` whose ``outcome`` is
   ``complete``, ``stopped`` (:meth:`cancel`), ``interrupted`` (the connection broke:
-  the worker died or went away) or ``error`` (the worker refused or failed).
+  the worker died or went away; ``connection_lost`` is set and the raw error is only
+  logged) or ``error`` (the worker refused or failed; ``code`` is its error code).
+  :class:`AnswerRequest` can continue an answer cut at its limit (``continue_answer``:
+  vLLM's ``continue_final_message``) and choose what our worker does with a
+  conversation longer than the model's context (``context_overflow``).
 * Admin changes (:meth:`update_speculation`) are confirmed from the worker's answer:
   :attr:`speculation_received` carries what the worker now says, never what was asked.
 * Any OpenAI-compatible server works (:meth:`attach`). On connect the client detects
@@ -73,6 +77,10 @@ COMPLETE, STOPPED, INTERRUPTED, ERROR = "complete", "stopped", "interrupted", "e
 class WorkerError(Exception):
     """The worker answered with an error object; the message is its own."""
 
+    def __init__(self, message: str, code: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+
 
 @dataclass(frozen=True)
 class Health:
@@ -120,6 +128,8 @@ class AnswerRequest:
     max_tokens: int = 512
     speculation: dict[str, Any] | None = None  # e.g. {"method": "off"}
     seed: int | None = None
+    continue_answer: bool = False  # the last message is an answer to continue
+    context_overflow: str | None = None  # our worker's anve.context_overflow
 
     def body(self, engine: EngineInfo | None = None) -> dict[str, Any]:
         """The request for our worker, or plain OpenAI for a foreign ``engine``."""
@@ -129,11 +139,16 @@ class AnswerRequest:
         }
         if self.seed is not None:
             body["seed"] = self.seed
+        if self.continue_answer:  # vLLM's fields; llama.cpp continues a final answer anyway
+            body["continue_final_message"], body["add_generation_prompt"] = True, False
         if engine is not None and engine.foreign:
             body["model"] = engine.models[0] if engine.models else "default"
             body["stream_options"] = {"include_usage": True}
-        elif self.speculation is not None:
+            return body
+        if self.speculation is not None:
             body["speculation"] = self.speculation
+        if self.context_overflow is not None:
+            body["anve"] = {"context_overflow": self.context_overflow}
         return body
 
 
@@ -154,6 +169,8 @@ class AnswerResult:
     stats: AnswerStats
     timeline: list[tuple[float, str]] = field(default_factory=list)
     message: str = ""
+    connection_lost: bool = False  # interrupted because the connection to the worker broke
+    code: str = ""  # the worker's error code (``context_length_exceeded``, ...)
 
 
 @dataclass(frozen=True)
@@ -189,6 +206,13 @@ def parse_sse_line(line: bytes) -> dict[str, Any] | str | None:
         return data
     payload = json.loads(data)
     return payload if isinstance(payload, dict) else None
+
+
+def error_code(body: Any) -> str:
+    """The ``code`` of an OpenAI-style error body ('' when it has none)."""
+    error = body.get("error") if isinstance(body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else ""
 
 
 def error_message(body: Any, status: int) -> str:
@@ -442,7 +466,7 @@ class WorkerClient(QObject):
     async def _answer(self, rid: str, request: AnswerRequest) -> None:
         loop = asyncio.get_running_loop()
         answer = AnswerStream(started=loop.time())
-        outcome, message = COMPLETE, ""
+        outcome, message, lost, code = COMPLETE, "", False, ""
         engine = self.engine if self.foreign else None
         figures: SpecFigures | None = None
         self.answer_started.emit(rid)
@@ -461,8 +485,11 @@ class WorkerClient(QObject):
         except asyncio.CancelledError:
             outcome, message = STOPPED, "stopped"
         except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
-            outcome, message = INTERRUPTED, f"lost the connection to the worker ({exc!s})"
-        except (WorkerError, ValueError) as exc:
+            log.warning("answer %s: the connection to the worker broke: %r", rid, exc)
+            outcome, message, lost = INTERRUPTED, "lost the connection to the worker", True
+        except WorkerError as exc:
+            outcome, message, code = ERROR, str(exc), exc.code
+        except ValueError as exc:
             outcome, message = ERROR, str(exc)
         stream = self._streams.pop(rid)
         if stream.pending is not None:
@@ -472,7 +499,7 @@ class WorkerClient(QObject):
             stats = (foreign_stats(engine, measure(answer, loop.time()), figures)
                      if figures is not None else foreign_live(engine, stats))
         result = AnswerResult(outcome, answer.text, [list(p) for p in answer.pieces],
-                              stats, answer.timeline, message)
+                              stats, answer.timeline, message, lost, code)
         log.info("answer %s: %s, %d characters %s", rid, outcome, len(answer.text), message)
         self.answer_finished.emit(rid, result)
 
@@ -487,7 +514,8 @@ class WorkerClient(QObject):
         url = f"{self.url}/v1/chat/completions"
         async with self._http().post(url, json=request.body(engine), timeout=timeout) as resp:
             if resp.status != 200:
-                raise WorkerError(error_message(await _json_or_none(resp), resp.status))
+                body = await _json_or_none(resp)
+                raise WorkerError(error_message(body, resp.status), error_code(body))
             async for line in resp.content:
                 payload = parse_sse_line(line)
                 if payload == "[DONE]":
@@ -495,7 +523,7 @@ class WorkerClient(QObject):
                 if not isinstance(payload, dict):
                     continue
                 if "error" in payload:
-                    raise WorkerError(error_message(payload, 500))
+                    raise WorkerError(error_message(payload, 500), error_code(payload))
                 answer.add(payload, loop.time())
                 self._progressed(rid, answer)
         return False

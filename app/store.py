@@ -10,8 +10,11 @@ Contract:
   ``settings`` (key → JSON value), ``demo_runs``; ``messages_fts`` is the FTS5 index
   over message text, kept current by triggers. Ids are never reused (AUTOINCREMENT).
 * Message status is ``complete``, ``interrupted`` or ``error``. An answer is stored as
-  ``interrupted`` while it streams and becomes ``complete`` when it ends, so a crash
-  mid-answer leaves the question and the partial answer, correctly marked.
+  ``interrupted`` while it streams (or is continued) and becomes ``complete`` when it
+  ends, so a crash mid-answer leaves the question and the partial answer, correctly
+  marked. An answer's stats JSON holds ``measured`` (:class:`app.answer.AnswerStats`),
+  ``outcome``, the ``note`` shown under it and, for one cut at its token limit, the
+  ``limit``.
 * A :class:`Store` is not thread-safe: the app touches it from one executor thread
   only (:class:`AsyncStore`); tests call it directly.
 """
@@ -32,6 +35,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import sqlite_utils
 
+from engine.protocol import CONTEXT_OVERFLOW, ROLLING_WINDOW
+
 log = logging.getLogger(__name__)
 
 COMPLETE, INTERRUPTED, ERROR = "complete", "interrupted", "error"
@@ -49,11 +54,15 @@ class StoreError(Exception):
 
 @dataclass(frozen=True)
 class ChatSettings:
-    """Per-conversation generation settings."""
+    """Per-conversation generation settings. ``context_overflow`` says what happens when
+    the conversation outgrows the model's context: ``rolling_window`` leaves out its
+    oldest messages (the system prompt and the latest question stay), ``stop`` refuses
+    the question with a message."""
 
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     temperature: float = 0.7
     max_tokens: int = 512
+    context_overflow: str = ROLLING_WINDOW
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -68,6 +77,8 @@ class ChatSettings:
         known = {f.name: f.type for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known} if isinstance(data, dict) else {}
         settings = cls()
+        if values.get("context_overflow", ROLLING_WINDOW) not in CONTEXT_OVERFLOW:
+            del values["context_overflow"]
         for name, value in values.items():
             default = getattr(settings, name)
             if isinstance(value, type(default)) or (
@@ -327,6 +338,17 @@ class Store:
             updates["pieces"] = _json([list(p) for p in pieces])
         with self.db.conn:
             self.db.table("messages").update(message_id, updates)
+
+    def set_note(self, message_id: int, note: str) -> None:
+        """Change the note stored with an answer (what the app later learnt about it)."""
+        with self.db.conn:
+            row = self.db.execute("SELECT stats FROM messages WHERE id = ?",
+                                  [message_id]).fetchone()
+            if row is None:
+                return
+            stats = _loads(row[0]) or {}
+            stats["note"] = note
+            self.db.table("messages").update(message_id, {"stats": _json(stats)})
 
     def messages(self, conversation_id: int) -> list[Message]:
         rows = self.db.table("messages").rows_where(

@@ -1,6 +1,9 @@
-"""The app's worker client against a small in-process server: answers that arrive out of order."""
+"""The app's worker client against a small in-process server: answers that arrive out of
+order, a stream that breaks off, the request fields of a continued answer."""
 
 import asyncio
+import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,7 +13,7 @@ from aiohttp import web
 from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
-from app.client import WorkerClient
+from app.client import INTERRUPTED, AnswerRequest, AnswerResult, WorkerClient
 from tests.app_support import finish, qasync_loop
 from tests.foreign_support import serve
 
@@ -25,7 +28,7 @@ class SlowStatus:
     """``/v1/heads/learning``: a ``GET`` answered late with the old state, a ``POST`` at once."""
 
     def __init__(self) -> None:
-        self.state, self.gets_answered = "idle", 0
+        self.state, self.gets_arrived, self.gets_answered = "idle", 0, 0
         self.release = asyncio.Event()
         self._runner: web.AppRunner | None = None
 
@@ -42,6 +45,7 @@ class SlowStatus:
 
     async def _get(self, _request: web.Request) -> web.Response:
         state = self.state  # read on arrival, answered after the POST's answer
+        self.gets_arrived += 1
         await self.release.wait()
         self.gets_answered += 1
         return web.json_response({"state": state})
@@ -60,7 +64,7 @@ def test_a_slow_status_read_does_not_undo_the_later_start_it_was_overtaken_by(
     client.learning_received.connect(seen.append)
     try:
         client.fetch_learning()
-        qtbot.wait(100)  # the GET is at the server, waiting
+        qtbot.waitUntil(lambda: server.gets_arrived == 1, timeout=10_000)  # and waits there
         client.start_learning([[{"role": "user", "content": "hi"}]])
         qtbot.waitUntil(lambda: seen == [{"state": "running"}], timeout=10_000)
         server.release.set()
@@ -71,6 +75,62 @@ def test_a_slow_status_read_does_not_undo_the_later_start_it_was_overtaken_by(
         server.release.set()
         qtbot.waitUntil(lambda: len(seen) == 2, timeout=10_000)
         assert seen[-1] == {"state": "running"}
+    finally:
+        finish(qtbot, client.close())
+        finish(qtbot, server.stop())
+
+
+class BreakingWorker:
+    """``POST /v1/chat/completions``: one chunk of text, then the connection drops (as when
+    the worker process is killed mid-answer). Keeps the request bodies."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        self._runner = web.AppRunner(app)
+        return await serve(self._runner)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        self.bodies.append(await request.json())
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        chunk = {"choices": [{"delta": {"content": "Dear all,"}}], "anve": {"method": "ngram"}}
+        await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        assert request.transport is not None
+        request.transport.close()  # no final chunk, no end of the chunked body
+        return response
+
+
+def test_a_stream_that_breaks_off_keeps_its_text_and_says_so_in_words(
+    loop: qasync.QEventLoop, qtbot: QtBot, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = BreakingWorker()
+    client = WorkerClient(finish(qtbot, server.start()))
+    partial = [{"role": "user", "content": "Write a memo"},
+               {"role": "assistant", "content": "Memo:"}]
+    try:
+        with caplog.at_level(logging.WARNING, logger="app.client"), \
+                qtbot.waitSignal(client.answer_finished, timeout=10_000) as ended:
+            client.ask(AnswerRequest(partial, 0.0, 64, continue_answer=True,
+                                     context_overflow="rolling_window"))
+        result = ended.args[1]
+        assert isinstance(result, AnswerResult)
+        assert (result.outcome, result.text, result.connection_lost) == (
+            INTERRUPTED, "Dear all,", True)
+        assert result.message == "lost the connection to the worker"  # no exception text
+        assert "connection to the worker broke" in caplog.text  # the detail is in the log
+        body = server.bodies[0]
+        assert (body["continue_final_message"], body["add_generation_prompt"]) == (True, False)
+        assert body["anve"] == {"context_overflow": "rolling_window"}
+        assert body["messages"][-1] == {"role": "assistant", "content": "Memo:"}
     finally:
         finish(qtbot, client.close())
         finish(qtbot, server.stop())

@@ -203,7 +203,8 @@ def test_screenshots_light_and_dark(app: AnveApp, qapp: QApplication, qtbot: QtB
 
 
 def states(app: AnveApp, qtbot: QtBot, shots_dir: Path, scheme: str) -> list[Path]:
-    """An answer reading its long prompt, then streaming; a new chat while the models load."""
+    """An answer reading its long prompt, then streaming, then cut at its token limit (with
+    messages a rolling window left out); a new chat while the models load."""
     window, model = app.window, app.chat.messages
     window.show_page("chat")
     window.chat_page.colours.setChecked(False)
@@ -221,6 +222,15 @@ def states(app: AnveApp, qtbot: QtBot, shots_dir: Path, scheme: str) -> list[Pat
     qtbot.wait(400)  # the panel shows live numbers four times a second
     streaming = save(window.grab(), shots_dir / f"chat-streaming-{scheme}.png")
     window.chat_page.composer.set_busy(False)
+    window.panel.show_final(live)
+    cut = replace(live, completion_tokens=768, finish_reason="length", dropped_messages=6,
+                  acceptance_rate=0.71, estimated=False)
+    model.finish(1001, "Use `sum(int(n) * UNIT[u] for n, u in _PART.findall(text))`, but "
+                 "check first that the whole text was matched, or a typo such as",
+                 [], COMPLETE, cut, "6 earlier messages were left out: the conversation no "
+                 "longer fits the model's context. Stopped at the 768-token limit.")
+    qtbot.wait(50)
+    limit = save(window.grab(), shots_dir / f"chat-limit-{scheme}.png")
     model.remove_from(1000)
     window.show_health(Health("loading", 0.42, "converting qwen2.5-coder-1.5b-instruct "
                               "(GGUF to safetensors, once)", url="http://127.0.0.1:8765"))
@@ -228,7 +238,7 @@ def states(app: AnveApp, qtbot: QtBot, shots_dir: Path, scheme: str) -> list[Pat
     qtbot.wait(100)
     loading = save(window.grab(), shots_dir / f"chat-loading-{scheme}.png")
     show_worker(app)
-    return [reading, streaming, loading]
+    return [reading, streaming, limit, loading]
 
 
 def save(pixmap: object, path: Path) -> Path:

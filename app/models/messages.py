@@ -59,6 +59,12 @@ class MessageItem:
     def footer(self) -> str:
         return "" if self.stats is None else footer_text(self.stats)
 
+    @property
+    def can_continue(self) -> bool:
+        """A finished answer that stopped at its token limit (or the model's context)."""
+        return (self.role == "assistant" and self.status == COMPLETE and not self.streaming
+                and self.stats is not None and self.stats.finish_reason == "length")
+
 
 class MessageListModel(QAbstractListModel):
     def __init__(self, parent: QObject | None = None) -> None:
@@ -103,14 +109,18 @@ class MessageListModel(QAbstractListModel):
         return next((i for i, m in enumerate(self.items) if m.id == message_id), None)
 
     def stream(self, message_id: int, text: str, pieces: list[list[Any]],
-               stats: AnswerStats | None = None) -> None:
-        """New text of a streaming answer."""
+               stats: AnswerStats | None = None, note: str | None = None) -> None:
+        """New text of a streaming answer (and its note, unless None)."""
         row = self.row_of(message_id)
         if row is None:
             return
         item = self.items[row]
         item.content, item.pieces, item.stats = text, pieces, stats
-        self._changed(row, [Qt.ItemDataRole.DisplayRole, Roles.PIECES, Roles.STATS])
+        roles: list[Any] = [Qt.ItemDataRole.DisplayRole, Roles.PIECES, Roles.STATS]
+        if note is not None and note != item.note:
+            item.note = note
+            roles.append(Roles.NOTE)
+        self._changed(row, roles)
 
     def finish(self, message_id: int, text: str, pieces: list[list[Any]], status: str,
                stats: AnswerStats | None, note: str = "") -> None:
@@ -122,11 +132,20 @@ class MessageListModel(QAbstractListModel):
         item.streaming, item.note = False, note
         self._changed(row, [*list(Roles), Qt.ItemDataRole.DisplayRole])
 
-    def mark_streaming(self, message_id: int) -> None:
+    def mark_streaming(self, message_id: int, note: str | None = None) -> None:
+        """An answer streams again (reopened, or being continued: then with a new note)."""
         row = self.row_of(message_id)
         if row is not None:
             self.items[row].streaming = True
-            self._changed(row, [Roles.STREAMING])
+            if note is not None:
+                self.items[row].note = note
+            self._changed(row, [Roles.STREAMING, Roles.NOTE])
+
+    def set_note(self, message_id: int, note: str) -> None:
+        row = self.row_of(message_id)
+        if row is not None and self.items[row].note != note:
+            self.items[row].note = note
+            self._changed(row, [Roles.NOTE])
 
     def remove_from(self, message_id: int) -> None:
         """Remove a message and all after it."""

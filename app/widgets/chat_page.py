@@ -39,6 +39,7 @@ class ChatPage(QWidget):
         self.view = ChatView(controller.messages)
         self.view.edit_submitted.connect(controller.edit_and_resend)
         self.view.regenerate_requested.connect(controller.regenerate)
+        self.view.continue_requested.connect(controller.continue_answer)
         self.composer = Composer()
         self.composer.send_requested.connect(self._send)
         self.composer.stop_requested.connect(controller.stop)

@@ -6,6 +6,9 @@ Markdown (QLabel's CommonMark) with fenced code blocks in a monospace box with a
 button; with draft colouring on, text from accepted draft tokens gets a highlight.
 While an answer streams only its last block is re-rendered. The view keeps itself
 scrolled to the bottom unless the user scrolled up. User actions come out as signals.
+The last answer offers Regenerate, and Continue when it stopped at its token limit; a
+note under an answer says why it is incomplete (a warning or an error) or what to know
+about it (the token limit, messages a rolling context window left out).
 """
 
 from typing import Any
@@ -36,7 +39,7 @@ from PySide6.QtWidgets import (
 
 from app.markdown import Block, extend_blocks, highlighted_blocks
 from app.models.messages import MessageItem, MessageListModel
-from app.store import ERROR
+from app.store import COMPLETE, ERROR
 from app.theme import colors
 from app.widgets.icons import set_icon
 
@@ -246,6 +249,8 @@ class MessageWidget(QWidget):
     """Message id and the edited question to send again."""
     regenerate_requested = Signal()
     """The user wants the last answer again."""
+    continue_requested = Signal()
+    """The user wants the last answer continued past its token limit."""
 
     def __init__(self, item: MessageItem) -> None:
         super().__init__()
@@ -311,10 +316,14 @@ class MessageWidget(QWidget):
             lambda: QGuiApplication.clipboard().setText(self.item.content))
         self.regenerate = tool_button("refresh", "Answer this question again", "Regenerate")
         self.regenerate.clicked.connect(self.regenerate_requested)
+        self.continue_button = tool_button("play", "Write more of this answer, from where the "
+                                           "token limit stopped it", "Continue")
+        self.continue_button.clicked.connect(self.continue_requested)
         footer_row = QHBoxLayout()
         footer_row.setSpacing(6)
         footer_row.addWidget(self.footer, 1)
         footer_row.addWidget(self.copy_all)
+        footer_row.addWidget(self.continue_button)
         footer_row.addWidget(self.regenerate)
         self._layout.addWidget(who)
         self._layout.addWidget(self.body)
@@ -335,7 +344,8 @@ class MessageWidget(QWidget):
         text = item.content or ("…" if item.streaming else "")
         self.body.show_text(text, item.pieces, self.colour_drafts)
         self.note.setText(item.note)
-        self.note.setProperty("kind", "error" if item.status == ERROR else "warning")
+        kind = {ERROR: "error", COMPLETE: "info"}.get(item.status, "warning")
+        self.note.setProperty("kind", kind)
         self.note.style().polish(self.note)
         self.note.setVisible(bool(item.note))
         self.footer.setText(item.footer() if item.stats else ("Answering…" if item.streaming
@@ -350,6 +360,7 @@ class MessageWidget(QWidget):
         if self.item.role == "user":
             return
         self.regenerate.setVisible(self.is_last and not self.item.streaming)
+        self.continue_button.setVisible(self.is_last and self.item.can_continue)
         self.copy_all.setVisible(not self.item.streaming and bool(self.item.content))
 
     def set_colour_drafts(self, on: bool) -> None:
@@ -387,6 +398,8 @@ class ChatView(QScrollArea):
     """Message id and new question text."""
     regenerate_requested = Signal()
     """Regenerate the last answer."""
+    continue_requested = Signal()
+    """Continue the last answer past its token limit."""
 
     def __init__(self, model: MessageListModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -425,6 +438,7 @@ class ChatView(QScrollArea):
         widget.colour_drafts = self.colour_drafts
         widget.edit_submitted.connect(self.edit_submitted)
         widget.regenerate_requested.connect(self.regenerate_requested)
+        widget.continue_requested.connect(self.continue_requested)
         return widget
 
     def _reset(self) -> None:

@@ -1,4 +1,5 @@
-"""A small popover with one conversation's system prompt, temperature and max tokens.
+"""A small popover with one conversation's system prompt, temperature, max tokens and
+what to do when the conversation outgrows the model's context.
 
 Contract: :meth:`SettingsPopover.open_for` shows the given settings under an anchor
 widget; when the popover closes and something changed, :attr:`settings_changed`
@@ -9,6 +10,7 @@ from typing import Any
 
 from PySide6.QtCore import QPoint, Qt, Signal
 from PySide6.QtWidgets import (
+    QComboBox,
     QDoubleSpinBox,
     QFormLayout,
     QFrame,
@@ -23,6 +25,15 @@ from PySide6.QtWidgets import (
 
 from app.store import ChatSettings
 from app.theme import pad_spin_box
+from engine.protocol import ROLLING_WINDOW, STOP_AT_LIMIT
+
+OVERFLOW_CHOICES = (
+    (ROLLING_WINDOW, "Leave out the oldest messages",
+     "Keep the system prompt and the latest messages; the oldest ones are left out (a "
+     "rolling window), and the answer says how many"),
+    (STOP_AT_LIMIT, "Stop and say so",
+     "Refuse the question with a message; start a new chat to go on"),
+)
 
 
 class SettingsPopover(QFrame):
@@ -47,6 +58,14 @@ class SettingsPopover(QFrame):
         self.max_tokens = pad_spin_box(QSpinBox())
         self.max_tokens.setRange(16, 8192)
         self.max_tokens.setSingleStep(64)
+        self.max_tokens.setToolTip("The longest answer; one that stops there can be continued")
+        self.overflow = QComboBox()
+        for value, text, tip in OVERFLOW_CHOICES:
+            self.overflow.addItem(text, value)
+            self.overflow.setItemData(self.overflow.count() - 1, tip,
+                                      Qt.ItemDataRole.ToolTipRole)
+        self.overflow.setToolTip("What happens when the conversation no longer fits the "
+                                 "model's context")
         form = QFormLayout()
         form.setLabelAlignment(Qt.AlignmentFlag.AlignLeft)
         form.addRow("Temperature", self.temperature)
@@ -67,6 +86,10 @@ class SettingsPopover(QFrame):
         layout.addWidget(QLabel("System prompt"))
         layout.addWidget(self.system_prompt)
         layout.addLayout(form)
+        overflow_label = QLabel("When the conversation no longer fits the model's context")
+        overflow_label.setWordWrap(True)
+        layout.addWidget(overflow_label)
+        layout.addWidget(self.overflow)
         layout.addLayout(buttons)
         self.setFixedWidth(360)
 
@@ -74,10 +97,13 @@ class SettingsPopover(QFrame):
         self.system_prompt.setPlainText(settings.system_prompt)
         self.temperature.setValue(settings.temperature)
         self.max_tokens.setValue(settings.max_tokens)
+        self.overflow.setCurrentIndex(max(0, self.overflow.findData(settings.context_overflow)))
 
     def current(self) -> ChatSettings:
-        return ChatSettings(self.system_prompt.toPlainText().strip(),
-                            round(self.temperature.value(), 2), self.max_tokens.value())
+        return ChatSettings(system_prompt=self.system_prompt.toPlainText().strip(),
+                            temperature=round(self.temperature.value(), 2),
+                            max_tokens=self.max_tokens.value(),
+                            context_overflow=str(self.overflow.currentData()))
 
     def open_for(self, settings: ChatSettings, anchor: QWidget) -> None:
         self._initial = settings
