@@ -1,6 +1,8 @@
-"""Views without a worker: keys, Markdown rendering, following the model, popover, panel."""
+"""Views without a worker: keys, Markdown rendering, following the model, popover, panel,
+the Continue action and the window's shortcuts."""
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
@@ -10,17 +12,21 @@ from pytestqt.qtbot import QtBot
 
 from app import theme
 from app.answer import AnswerStats
+from app.application import AnveApp
 from app.client import Health, WorkerClient
 from app.controllers.demo import DemoController
 from app.models.answers import RecentAnswersModel
 from app.models.messages import MessageListModel
-from app.store import AsyncStore, ChatSettings, DemoRun, Message, Store
+from app.paths import DATABASE_NAME
+from app.store import COMPLETE, AsyncStore, ChatSettings, DemoRun, Message, Store
 from app.widgets.admin_page import describe_learning
 from app.widgets.composer import Composer
 from app.widgets.demo_page import DemoPage
 from app.widgets.message_view import ChatView, CodeBlock, MarkdownBody, TextBlock
 from app.widgets.settings_popover import SettingsPopover
 from app.widgets.speculation_panel import SpeculationPanel
+from engine.protocol import STOP_AT_LIMIT
+from tests.app_support import finish, qasync_loop
 
 CODE_ANSWER = "Try this:\n\n```python\nprint('hi')\n```\n\nDone."
 
@@ -97,6 +103,26 @@ def test_chat_view_follows_the_model(qtbot: QtBot) -> None:
     assert edited.args == [1, "q2"]
 
 
+def test_an_answer_cut_at_its_limit_offers_continue_when_it_is_the_last(qtbot: QtBot) -> None:
+    model = MessageListModel()
+    view = ChatView(model)
+    qtbot.addWidget(view)
+    cut = {"measured": AnswerStats(completion_tokens=512, finish_reason="length").to_dict(),
+           "note": "Stopped at the 512-token limit."}
+    model.reset([Message(1, 1, "user", "q", 0.0),
+                 Message(2, 1, "assistant", "a long answer that", 0.0, COMPLETE, cut)])
+    answer = view.widgets[1]
+    assert answer.continue_button.isVisibleTo(answer)
+    assert answer.note.text() == "Stopped at the 512-token limit."
+    assert answer.note.property("kind") == "info"
+    with qtbot.waitSignal(view.continue_requested):
+        answer.continue_button.click()
+    model.mark_streaming(2, note="")
+    assert not answer.continue_button.isVisibleTo(answer) and not answer.note.text()
+    model.append(Message(3, 1, "user", "next", 0.0))
+    assert not answer.continue_button.isVisibleTo(answer)  # only the last answer
+
+
 def test_settings_popover_reports_changes_on_close(qtbot: QtBot) -> None:
     popover = SettingsPopover()
     qtbot.addWidget(popover)
@@ -110,6 +136,14 @@ def test_settings_popover_reports_changes_on_close(qtbot: QtBot) -> None:
     popover.open_for(ChatSettings(temperature=0.2), anchor)
     with qtbot.assertNotEmitted(popover.settings_changed):
         popover.close()
+    popover.open_for(ChatSettings(), anchor)
+    assert popover.overflow.currentText() == "Leave out the oldest messages"  # the default
+    popover.overflow.setCurrentIndex(popover.overflow.findData(STOP_AT_LIMIT))
+    with qtbot.waitSignal(popover.settings_changed) as changed:
+        popover.close()
+    assert changed.args[0] == ChatSettings(context_overflow=STOP_AT_LIMIT)
+    popover.open_for(changed.args[0], anchor)
+    assert popover.overflow.currentData() == STOP_AT_LIMIT
 
 
 def test_panel_says_off_under_load_and_collapses(qtbot: QtBot) -> None:
@@ -162,3 +196,41 @@ def test_learning_status_lines() -> None:
     assert describe_learning({"state": "failed", "message": "no memory"}) == (
         "Learning failed: no memory", "Error")
     assert "stay in the office" in describe_learning({"state": "idle"})[0]
+
+
+def test_window_shortcuts_start_a_new_chat_and_search(qapp: QApplication, qtbot: QtBot,
+                                                      tmp_path: Path) -> None:
+    store = Store.open(tmp_path / DATABASE_NAME)
+    kept = store.create_conversation("Heating works")
+    store.close()
+    with qasync_loop(qapp):
+        anve = AnveApp(tmp_path, worker_url="http://127.0.0.1:9")  # no worker is needed
+        window, sidebar = anve.window, anve.window.sidebar
+        qtbot.addWidget(window)
+        window.show()
+        qtbot.waitExposed(window)
+        window.show_health(Health("ready", 1.0, "ready", url="http://127.0.0.1:9"))
+        assert "Ctrl+N" in sidebar.findChild(type(window.chat_page.composer.button),
+                                             "Primary").toolTip()
+        assert "Ctrl+F" in sidebar.search.toolTip() and "Ctrl+K" in sidebar.search.toolTip()
+        anve.chat.open_conversation(kept.id)
+        qtbot.waitUntil(lambda: anve.chat.current is not None)
+        window.show_page("admin")
+        window.new_chat_action.trigger()
+        assert anve.chat.current is None and window.pages.currentIndex() == 0
+        composer = window.chat_page.composer.input
+        sidebar.set_search("heating")  # searched at once: no search timer left running
+        window.search_action.trigger()
+        assert sidebar.search.hasFocus() and sidebar.search.selectedText() == "heating"
+        window.activateWindow()
+        for key in (Qt.Key.Key_K, Qt.Key.Key_F):  # the keys themselves, from the question box
+            composer.setFocus()
+            qtbot.waitUntil(composer.hasFocus)
+            composer.setPlainText("draft")
+            qtbot.keyClick(composer, key, Qt.KeyboardModifier.ControlModifier)
+            assert sidebar.search.hasFocus() and composer.toPlainText() == "draft"
+        anve.chat.open_conversation(kept.id)
+        qtbot.waitUntil(lambda: anve.chat.current is not None)
+        qtbot.keyClick(sidebar.search, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
+        assert anve.chat.current is None and composer.hasFocus()
+        finish(qtbot, anve.shutdown())

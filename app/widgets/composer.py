@@ -3,11 +3,13 @@
 Contract: :class:`Composer` emits :attr:`Composer.send_requested` with the text (and
 clears itself) or :attr:`Composer.stop_requested`; :meth:`set_busy` and
 :meth:`set_blocked` switch it between ready, answering and blocked-with-a-reason.
-It grows from one to eight lines as the text grows.
+It grows from one to eight lines as the text grows. The window's shortcuts (Ctrl+N,
+Ctrl+F, Ctrl+K) work from the question box too: it leaves those keys to the window
+(Ctrl+K would otherwise delete to the end of the line).
 """
 
-from PySide6.QtCore import QSize, Qt, Signal
-from PySide6.QtGui import QKeyEvent, QTextCursor
+from PySide6.QtCore import QEvent, QSize, Qt, Signal
+from PySide6.QtGui import QKeyEvent, QKeySequence, QTextCursor
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -22,6 +24,7 @@ from app.widgets.icons import set_icon
 
 MAX_LINES = 8
 HINT = "Enter to send · Shift+Enter for a new line"
+WINDOW_KEYS = tuple(QKeySequence(k) for k in ("Ctrl+N", "Ctrl+F", "Ctrl+K"))
 
 
 class InputEdit(QPlainTextEdit):
@@ -29,6 +32,15 @@ class InputEdit(QPlainTextEdit):
 
     submitted = Signal()
     """Enter was pressed without Shift."""
+
+    def event(self, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.ShortcutOverride and isinstance(event, QKeyEvent):
+            pressed = QKeySequence(event.keyCombination())
+            if any(pressed.matches(k) == QKeySequence.SequenceMatch.ExactMatch
+                   for k in WINDOW_KEYS):
+                event.ignore()  # not ours: let the window's shortcut have it
+                return True
+        return super().event(event)
 
     def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802
         enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)

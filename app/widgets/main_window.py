@@ -4,12 +4,15 @@ Contract: the window only arranges the views and routes what they show: the work
 health to the banner, the composer and the demo (why input is blocked), answers' live
 and final numbers to the panel. Closing it emits :attr:`MainWindow.closed`; the app
 then shuts down (the window itself stops nothing).
+
+Keyboard shortcuts (window-wide actions, named in the tooltips): Ctrl+N starts a new
+chat, Ctrl+F and Ctrl+K search all messages; the sidebar adds F2 (rename) and Delete.
 """
 
 from typing import Any
 
-from PySide6.QtCore import Signal
-from PySide6.QtGui import QCloseEvent
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import QHBoxLayout, QMainWindow, QStackedWidget, QVBoxLayout, QWidget
 
 from app.answer import AnswerStats
@@ -28,6 +31,8 @@ from app.widgets.speculation_panel import SpeculationPanel
 from app.widgets.worker_banner import WorkerBanner
 
 PAGE_INDEX = {"chat": 0, "demo": 1, "admin": 2}
+NEW_CHAT_KEYS = ("Ctrl+N",)
+SEARCH_KEYS = ("Ctrl+F", "Ctrl+K")
 
 
 class MainWindow(QMainWindow):
@@ -54,6 +59,8 @@ class MainWindow(QMainWindow):
         for page in (self.chat_page, self.demo_page, self.admin_page):
             self.pages.addWidget(page)
         self.setCentralWidget(self._arrange())
+        self.new_chat_action = self._action("New chat", NEW_CHAT_KEYS, self.new_chat)
+        self.search_action = self._action("Search all messages", SEARCH_KEYS, self.search)
         self._connect(chat, demo, client)
         self.show_health(self.health)
 
@@ -73,6 +80,23 @@ class MainWindow(QMainWindow):
         row.addWidget(centre, 1)
         row.addWidget(self.panel)
         return root
+
+    def _action(self, text: str, keys: tuple[str, ...], slot: Any) -> QAction:
+        action = QAction(text, self)
+        action.setShortcuts([QKeySequence(k) for k in keys])
+        action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+        action.triggered.connect(slot)
+        self.addAction(action)
+        return action
+
+    def new_chat(self) -> None:
+        """Start a new conversation and put the cursor in the question box (Ctrl+N)."""
+        self.sidebar.new_chat()
+        self.chat_page.composer.input.setFocus(Qt.FocusReason.ShortcutFocusReason)
+
+    def search(self) -> None:
+        """Put the cursor in the sidebar's search box (Ctrl+F, Ctrl+K)."""
+        self.sidebar.focus_search()
 
     def _connect(self, chat: ChatController, demo: DemoController, client: WorkerClient) -> None:
         self.sidebar.page_selected.connect(self.show_page)

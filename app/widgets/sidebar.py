@@ -2,7 +2,8 @@
 
 Contract: the list view shows :class:`ConversationListModel` (title and, below it, the
 time or the search snippet). Rename and delete are in the context menu (and F2 /
-Delete); a delete can be undone from a bar at the bottom for :data:`UNDO_MS`, after
+Delete; the window adds Ctrl+N for a new chat and Ctrl+F / Ctrl+K to search); a delete
+can be undone from a bar at the bottom for :data:`UNDO_MS`, after
 which it is final. Search runs :data:`SEARCH_DELAY_MS` after the last keystroke.
 """
 
@@ -155,12 +156,14 @@ class Sidebar(QFrame):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(10)
         new = QPushButton("  New chat")
+        new.setToolTip("Start a new conversation (Ctrl+N)")
         new.setObjectName("Primary")
         set_icon(new, "plus", "accent_text", 14)
         new.setCursor(Qt.CursorShape.PointingHandCursor)
         new.clicked.connect(self.new_chat)
         self.search = QLineEdit()
         self.search.setPlaceholderText("Search all messages")
+        self.search.setToolTip("Search all messages (Ctrl+F or Ctrl+K)")
         self.search.setClearButtonEnabled(True)
         self.search.addAction(icon("search"), QLineEdit.ActionPosition.LeadingPosition)
         self._search_timer = QTimer(self, singleShot=True, interval=SEARCH_DELAY_MS)
@@ -213,6 +216,10 @@ class Sidebar(QFrame):
         self.list.clearSelection()
         self.controller.new_conversation()
         self.page_selected.emit("chat")
+
+    def focus_search(self) -> None:
+        self.search.setFocus(Qt.FocusReason.ShortcutFocusReason)
+        self.search.selectAll()
 
     def set_search(self, text: str) -> None:
         self.search.setText(text)
