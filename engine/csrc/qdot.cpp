@@ -308,6 +308,7 @@ struct QuantRows256 {
     float *scale;   // [M, K / 256], dx per super-block
     float *bsum;    // [M, K / 32], dx * the sum of each 32-group's codes
     float *gscale;  // [M, K / 32], dx of each 32-group's super-block (AVX-512 only)
+    int8_t *flipped;  // [M, K], codes ^ 0x80 (codes + 128 as unsigned; AVX-512 only)
 };
 
 // Where kernel-order vector v (0..7) of a super-block's activations sits. The AVX-512
@@ -334,6 +335,10 @@ void quantize_rows_256(const float *x, int M, int K, QuantRows256 q) {
         q.scale[ms] = d;
 #if ANVE_AVX512
         for (int j = 0; j < SUPER / GROUP; ++j) q.gscale[(int64_t)ms * (SUPER / GROUP) + j] = d;
+        const __m512i flip = _mm512_set1_epi8((char)0x80);
+        for (int i = 0; i < SUPER; i += 64)
+            _mm512_storeu_si512((void *)(q.flipped + (int64_t)ms * SUPER + i),
+                                _mm512_xor_si512(_mm512_loadu_si512((const void *)(dst + i)), flip));
 #endif
     }
 }
@@ -628,6 +633,59 @@ inline void q6k_one_vnni(const QuantRows256 xq, int K, const Q6KWeights w, const
 }
 #endif
 
+#if ANVE_AVX512
+// q6k on 512-bit vectors: the weight vectors paired as the activations are stored,
+// (0, 2), (1, 3), (4, 6), (5, 7) (slot), against the flipped activations (x + 128,
+// unsigned) stored once per call, so each half's sums cost two vpdpbusd per row; each
+// half-sum is exact in float32 (|sum * sc| < 2^23) and both halves join exactly, and
+// the [16] lanes (a group's two 256-bit halves apart) take d * dx in one multiply-add.
+template <int M>
+inline void q6k_one_512(const QuantRows256 xq, int K, const Q6KWeights w, const float *bias,
+                        float *y, int N, int n) {
+    const int S = K / SUPER, G = K / GROUP;
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    __m512 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+    for (int sb = 0; sb < S; ++sb) {
+        const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
+        const int8_t *codes = w.q + g0 * GROUP;
+        prefetch((const char *)codes + Q6_AHEAD, SUPER);
+        prefetch((const char *)(w.sc + 2 * g0) + Q6_AHEAD / 16, 1);
+        const __m128i sc16 = _mm_loadu_si128((const __m128i *)(w.sc + 2 * g0));
+        __m512i wq[4], minus[2];  // wq[i]: the vectors at slots 2i, 2i + 1
+        __m512 scale[2];
+        for (int i = 0; i < 4; ++i) {
+            const int v = (i & 2) * 2 + (i & 1);  // 0, 1, 4, 5 and their partners + 2
+            wq[i] = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(codes + v * GROUP))),
+                _mm256_loadu_si256((const __m256i *)(codes + (v + 2) * GROUP)), 1);
+        }
+        for (int half = 0; half < 2; ++half) {
+            const __m512i sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(
+                _mm512_setzero_si512(), flip, wq[2 * half]), flip, wq[2 * half + 1]);
+            minus[half] = _mm512_sub_epi32(_mm512_setzero_si512(), sum);  // -128 * sum w
+            scale[half] = _mm512_cvtepi32_ps(_mm512_broadcast_i64x4(half_scales32(sc16, half)));
+        }
+        const float d = w.d[(int64_t)n * S + sb];
+        for (int m = 0; m < M; ++m) {
+            const int8_t *x = xq.flipped + m * (int64_t)K + sb * SUPER;
+            __m512i dots[2];
+            for (int half = 0; half < 2; ++half) {
+                dots[half] = _mm512_dpbusd_epi32(minus[half],
+                    _mm512_loadu_si512((const void *)(x + 128 * half)), wq[2 * half]);
+                dots[half] = _mm512_dpbusd_epi32(dots[half],
+                    _mm512_loadu_si512((const void *)(x + 128 * half + 64)), wq[2 * half + 1]);
+            }
+            const __m512 both = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[1]), scale[1], _mm512_mul_ps(
+                _mm512_cvtepi32_ps(dots[0]), scale[0]));
+            acc[m] = _mm512_fmadd_ps(both, _mm512_set1_ps(d * xq.scale[(int64_t)m * S + sb]), acc[m]);
+        }
+    }
+    const float b = bias ? bias[n] : 0.0f;
+    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = _mm512_reduce_add_ps(acc[m]) + b;
+}
+#endif
+
 // The rows from m0 on.
 QuantRows rows_from(const QuantRows &q, int m0, int K) {
     const int64_t G = K / GROUP;
@@ -636,7 +694,8 @@ QuantRows rows_from(const QuantRows &q, int m0, int K) {
 
 QuantRows256 rows_from(const QuantRows256 &q, int m0, int K) {
     return {q.codes + m0 * (int64_t)K, q.scale + m0 * (int64_t)(K / SUPER),
-            q.bsum + m0 * (int64_t)(K / GROUP), q.gscale + m0 * (int64_t)(K / GROUP)};
+            q.bsum + m0 * (int64_t)(K / GROUP), q.gscale + m0 * (int64_t)(K / GROUP),
+            q.flipped + m0 * (int64_t)K};
 }
 
 // Rows at a time in one pass over a q6k output feature's weights: their sums stay in
@@ -646,7 +705,10 @@ constexpr int BLOCK_ROWS = 4;
 template <int M>
 void q6k_rows(const QuantRows256 xq, int K, const Q6KWeights w, const float *bias, float *y,
               int N, int n0, int n1) {
-#if ANVE_VNNI
+#if ANVE_AVX512
+    for (int n = n0; n < n1; ++n) q6k_one_512<M>(xq, K, w, bias, y, N, n);
+    return;
+#elif ANVE_VNNI
     for (int n = n0; n < n1; ++n) q6k_one_vnni<M>(xq, K, w, bias, y, N, n);
     return;
 #endif
@@ -807,11 +869,11 @@ void add_into(float *x, const float *y, int64_t n) {
 // One allocation for the rounded activations: codes [M, K], then 2 * M * K / 32 floats.
 struct Scratch {
     char *block;
-    int64_t codes_bytes;
+    int64_t codes_bytes, float_bytes;
     Scratch(int M, int K) {
         codes_bytes = ((int64_t)M * K + 63) / 64 * 64;
-        const int64_t extra = 3 * (int64_t)M * (K / GROUP) * 4;
-        const int64_t bytes = (codes_bytes + extra + 63) / 64 * 64;
+        float_bytes = (3 * (int64_t)M * (K / GROUP) * 4 + 63) / 64 * 64;
+        const int64_t bytes = codes_bytes * (ANVE_AVX512 ? 2 : 1) + float_bytes;
         block = (char *)aligned_alloc(64, (size_t)(bytes > 64 ? bytes : 64));
     }
     ~Scratch() { free(block); }
@@ -821,7 +883,8 @@ struct Scratch {
     }
     QuantRows256 rows256(int M, int K) const {
         float *scale = (float *)(block + codes_bytes), *bsum = scale + (int64_t)M * (K / SUPER);
-        return {(int8_t *)block, scale, bsum, bsum + (int64_t)M * (K / GROUP)};
+        return {(int8_t *)block, scale, bsum, bsum + (int64_t)M * (K / GROUP),
+                (int8_t *)(block + codes_bytes + float_bytes)};
     }
 };
 
