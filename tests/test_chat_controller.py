@@ -250,6 +250,7 @@ def test_an_answer_cut_at_its_limit_says_so_and_continues_in_place(
     assert item.streaming and item.note == "" and chat.busy
     client.token(client.last, " the sea.")
     assert item.content == "The moon pulls the sea."
+    assert item.footer().startswith("≈ 4 tokens")  # 3 + the chunk's 1: the whole answer
     client.end(client.last, finish_reason="stop")
     assert (item.content, item.status, item.note) == ("The moon pulls the sea.", COMPLETE, "")
     assert item.stats is not None and item.stats.completion_tokens == 3 + 2

@@ -403,7 +403,10 @@ class ChatController(QObject):
         if active is None or active.rid != rid:
             return
         text, pieces = self._joined(active, progress.text, progress.pieces)
-        self.messages.stream(active.message_id, text, pieces, progress.stats,
+        stats = progress.stats
+        if active.prefix is not None and stats.completion_tokens:  # count the whole answer
+            stats = continued(active.prefix, stats)
+        self.messages.stream(active.message_id, text, pieces, stats,
                              dropped_note(progress.stats.dropped_messages))
         self.answer_progressed.emit(progress.stats)
         now = asyncio.get_running_loop().time()
