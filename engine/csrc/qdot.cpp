@@ -88,7 +88,7 @@ inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s) {
 #endif
 
 struct QuantRows {
-    int8_t *codes;  // [M, K], groups paired (pair_low)
+    int8_t *codes;  // [M, K], groups paired (pair_low) or in fours (group_low)
     float *scale;   // [M, G], dx per group
     float *sum;     // [M, G], dx * sum of the group's codes
 };
@@ -126,6 +126,19 @@ inline int64_t pair_low(int g, int G) {
 }
 inline int64_t pair_high(int g, int G) { return pair_low(g, G) + ((g | 1) < G ? GROUP : 16); }
 
+// The AVX-512 build groups four instead, (4i .. 4i + 3) as [4i: 0..15][4i + 1: 0..15]
+// [4i + 2: 0..15][4i + 3: 0..15][4i: 16..31] ... [4i + 3: 16..31], the order in which one
+// 64-byte load of four groups' q4 codes unpacks; the groups after the last four pair
+// up as above. The other builds pair all groups.
+inline int64_t group_low(int g, int G) {
+    if (ANVE_AVX512 && (g | 3) < G) return (int64_t)(g & ~3) * GROUP + (g & 3) * 16;
+    return pair_low(g, G);
+}
+inline int64_t group_high(int g, int G) {
+    if (ANVE_AVX512 && (g | 3) < G) return group_low(g, G) + 2 * GROUP;
+    return pair_high(g, G);
+}
+
 void quantize_rows(const float *x, int M, int K, QuantRows q) {
     const int G = K / GROUP;
 #pragma omp parallel for schedule(static) if (M * G >= 256)  // a few rows: not worth threads
@@ -135,8 +148,8 @@ void quantize_rows(const float *x, int M, int K, QuantRows q) {
         int8_t codes[GROUP];
         const int total = round_group(src, d, codes);
         int8_t *row = q.codes + (int64_t)(mg / G) * K;
-        memcpy(row + pair_low(mg % G, G), codes, 16);
-        memcpy(row + pair_high(mg % G, G), codes + 16, 16);
+        memcpy(row + group_low(mg % G, G), codes, 16);
+        memcpy(row + group_high(mg % G, G), codes + 16, 16);
         q.scale[mg] = d;
         q.sum[mg] = d * (float)total;
     }
@@ -232,9 +245,108 @@ inline void unpack_q4_pair(const uint8_t *codes, __m256i &first, __m256i &second
     second = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
 }
 
+#if ANVE_AVX512
+// [16] int32: lane 4l + q holds the sum of the four int32 lanes of 128-bit lane l of a[q].
+inline __m512i sum_fours(const __m512i a[4]) {
+    const __m512i u01 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[0], a[1]), _mm512_unpackhi_epi32(a[0], a[1]));
+    const __m512i u23 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2], a[3]), _mm512_unpackhi_epi32(a[2], a[3]));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(u01, u23), _mm512_unpackhi_epi64(u01, u23));
+}
+
+// q4 on 512-bit vectors, 16 groups at a time: one 64-byte load of four groups' codes
+// unpacks into their first and second 16 codes (against activations stored so, see
+// group_low), two vpdpbusd per four groups and row give four int32 lanes per group, and
+// sum_fours gathers the 16 groups' sums into one vector (lane 4l + q: group 4q + l),
+// whose scales and dx are permuted alike. Groups left over go four, two and one at a
+// time. Sums in a fixed order per row: row-independent like the others.
+template <int M>
+void q4_rows_512(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *scale,
+                 const uint16_t *offset, const float *bias, float *y, int N, int n0, int n1) {
+    const int G = K / GROUP;
+    const __m512i mask = _mm512_set1_epi8(0x0F);
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    for (int n = n0; n < n1; ++n) {
+        __m512 acc[M];
+        __m256 rest[M];
+        for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps(), rest[m] = _mm256_setzero_ps();
+        const uint8_t *wrow = codes + (int64_t)n * G * (GROUP / 2);
+        const uint16_t *srow = scale + (int64_t)n * G, *orow = offset + (int64_t)n * G;
+        int g = 0;
+        for (; g + 16 <= G; g += 16) {
+            prefetch((const char *)(wrow + g * (GROUP / 2)) + Q4_AHEAD, 16 * GROUP / 2);
+            prefetch((const char *)(srow + g) + Q4_AHEAD / 8, 2);
+            prefetch((const char *)(orow + g) + Q4_AHEAD / 8, 2);
+            __m512i lo[4], hi[4];
+            for (int q = 0; q < 4; ++q) {
+                const __m512i v = _mm512_loadu_si512((const void *)(wrow + (g + 4 * q) * (GROUP / 2)));
+                lo[q] = _mm512_and_si512(v, mask);
+                hi[q] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+            }
+            const __m512 s16 = _mm512_permutexvar_ps(
+                order, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(srow + g))));
+            for (int m = 0; m < M; ++m) {
+                const int8_t *x = xq.codes + ((int64_t)m * G + g) * GROUP;
+                __m512i a[4];
+                for (int q = 0; q < 4; ++q)
+                    a[q] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[q],
+                        _mm512_loadu_si512((const void *)(x + 4 * q * GROUP))), hi[q],
+                        _mm512_loadu_si512((const void *)(x + 4 * q * GROUP + 2 * GROUP)));
+                const __m512 dx = _mm512_permutexvar_ps(order, _mm512_loadu_ps(xq.scale + (int64_t)m * G + g));
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_fours(a)), _mm512_mul_ps(s16, dx), acc[m]);
+            }
+        }
+        for (; g + 4 <= G; g += 4) {  // four groups: their sums in lanes 0, 4, 8, 12
+            const __m512i v = _mm512_loadu_si512((const void *)(wrow + g * (GROUP / 2)));
+            const __m512i lo = _mm512_and_si512(v, mask), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+            const __m512 s4 = _mm512_maskz_permutexvar_ps(0x1111, order, _mm512_castps128_ps512(
+                _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(srow + g)))));
+            for (int m = 0; m < M; ++m) {
+                const int8_t *x = xq.codes + ((int64_t)m * G + g) * GROUP;
+                __m512i a[4] = {_mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo,
+                                    _mm512_loadu_si512((const void *)x)), hi,
+                                    _mm512_loadu_si512((const void *)(x + 2 * GROUP))),
+                                _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+                const __m512 dx = _mm512_maskz_permutexvar_ps(0x1111, order, _mm512_castps128_ps512(
+                    _mm_loadu_ps(xq.scale + (int64_t)m * G + g)));
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_fours(a)), _mm512_mul_ps(s4, dx), acc[m]);
+            }
+        }
+        for (; g + 2 <= G; g += 2) {  // then pairs, as the other builds
+            __m256i low, high;
+            unpack_q4_pair(wrow + g * (GROUP / 2), low, high);
+            const float s0 = _cvtsh_ss(srow[g]), s1 = _cvtsh_ss(srow[g + 1]);
+            for (int m = 0; m < M; ++m) {
+                const int64_t mg = (int64_t)m * G + g;
+                const __m256 both = _mm256_set_m128(_mm_set1_ps(s1 * xq.scale[mg + 1]),
+                                                    _mm_set1_ps(s0 * xq.scale[mg]));
+                const __m256i d = dot_pair(low, high, xq.codes + mg * GROUP);
+                rest[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), both, rest[m]);
+            }
+        }
+        if (g < G) {  // and a last, unpaired group in input order
+            const __m256i w = unpack_q4(wrow + g * (GROUP / 2));
+            const float s = _cvtsh_ss(srow[g]);
+            for (int m = 0; m < M; ++m) {
+                const int64_t mg = (int64_t)m * G + g;
+                const __m256 d = dot_group(w, xq.codes + mg * GROUP);
+                rest[m] = _mm256_fmadd_ps(d, _mm256_set1_ps(s * xq.scale[mg]), rest[m]);
+            }
+        }
+        const float b = bias ? bias[n] : 0.0f;
+        for (int m = 0; m < M; ++m) {
+            const float corr = offset_term(orow, xq.sum + (int64_t)m * G, G);
+            y[(int64_t)m * N + n] = ((_mm512_reduce_add_ps(acc[m]) + hsum(rest[m])) + corr) + b;
+        }
+    }
+}
+#endif
+
 template <int M>
 void q4_rows(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *scale,
              const uint16_t *offset, const float *bias, float *y, int N, int n0, int n1) {
+#if ANVE_AVX512
+    return q4_rows_512<M>(xq, K, codes, scale, offset, bias, y, N, n0, n1);
+#endif
     const int G = K / GROUP;
     for (int n = n0; n < n1; ++n) {
         __m256 acc[M];
@@ -730,7 +842,7 @@ void q8_rows(const QuantRows xq, int K, const int8_t *codes, const float *scale,
         for (int g = 0; g < G; ++g) {
             const __m256i w = _mm256_loadu_si256((const __m256i *)(wrow + g * GROUP));
             const __m256i w_abs = _mm256_sign_epi8(w, w);
-            const int64_t low = pair_low(g, G), high = pair_high(g, G);  // paired rows
+            const int64_t low = group_low(g, G), high = group_high(g, G);
             for (int m = 0; m < M; ++m) {
                 const int64_t mg = (int64_t)m * G + g;
                 const int8_t *row = xq.codes + (int64_t)m * K;
