@@ -91,6 +91,7 @@ struct QuantRows {
     int8_t *codes;  // [M, K], groups paired (pair_low) or in fours (group_low)
     float *scale;   // [M, G], dx per group
     float *sum;     // [M, G], dx * sum of the group's codes
+    int8_t *flipped;  // [M, K], codes ^ 0x80 (codes + 128 as unsigned; AVX-512 only)
 };
 
 // The int8 scale of a block of n activations: max|x| / 127.
@@ -153,6 +154,11 @@ void quantize_rows(const float *x, int M, int K, QuantRows q) {
         q.scale[mg] = d;
         q.sum[mg] = d * (float)total;
     }
+#if ANVE_AVX512
+    for (int64_t i = 0; i < (int64_t)M * K; i += GROUP)
+        _mm256_storeu_si256((__m256i *)(q.flipped + i), _mm256_xor_si256(
+            _mm256_loadu_si256((const __m256i *)(q.codes + i)), _mm256_set1_epi8((char)0x80)));
+#endif
 }
 
 inline float hsum4(__m128 s) {
@@ -801,7 +807,8 @@ inline void q6k_one_512(const QuantRows256 xq, int K, const Q6KWeights w, const 
 // The rows from m0 on.
 QuantRows rows_from(const QuantRows &q, int m0, int K) {
     const int64_t G = K / GROUP;
-    return {q.codes + m0 * (int64_t)K, q.scale + m0 * G, q.sum + m0 * G};
+    return {q.codes + m0 * (int64_t)K, q.scale + m0 * G, q.sum + m0 * G,
+            q.flipped + m0 * (int64_t)K};
 }
 
 QuantRows256 rows_from(const QuantRows256 &q, int m0, int K) {
@@ -831,9 +838,75 @@ void q6k_rows(const QuantRows256 xq, int K, const Q6KWeights w, const float *bia
     }
 }
 
+#if ANVE_AVX512
+// q8 on 512-bit vectors, 16 groups at a time: each four groups' 128 bytes of weights
+// are permuted (once for all rows) into the order the activations sit in (group_low),
+// the flipped activations (x + 128) against the signed weights give four int32 lanes
+// per group less the weights' own 128 * sum w, and sum_fours gathers 16 groups' sums
+// for one multiply-add by dx; groups left over go as the other builds take them.
+template <int M>
+void q8_rows_512(const QuantRows xq, int K, const int8_t *codes, const float *scale,
+                 const float *bias, float *y, int N, int n0, int n1) {
+    const int G = K / GROUP;
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i firsts = _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13);  // 16-byte halves
+    const __m512i seconds = _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15);
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    for (int n = n0; n < n1; ++n) {
+        __m512 acc[M];
+        __m256 rest[M];
+        for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps(), rest[m] = _mm256_setzero_ps();
+        const int8_t *wrow = codes + (int64_t)n * K;
+        int g = 0;
+        for (; g + 16 <= G; g += 16) {
+            prefetch((const char *)(wrow + g * GROUP) + 8 * 16 * GROUP, 16 * GROUP);
+            __m512i first[4], second[4], minus[4];
+            for (int q = 0; q < 4; ++q) {
+                const int8_t *w = wrow + (g + 4 * q) * GROUP;
+                const __m512i a = _mm512_loadu_si512((const void *)w);
+                const __m512i b = _mm512_loadu_si512((const void *)(w + 2 * GROUP));
+                first[q] = _mm512_permutex2var_epi64(a, firsts, b);
+                second[q] = _mm512_permutex2var_epi64(a, seconds, b);
+                minus[q] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(
+                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, first[q]), flip, second[q]));
+            }
+            for (int m = 0; m < M; ++m) {
+                const int8_t *x = xq.flipped + ((int64_t)m * G + g) * GROUP;
+                __m512i a[4];
+                for (int q = 0; q < 4; ++q)
+                    a[q] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(minus[q],
+                        _mm512_loadu_si512((const void *)(x + 4 * q * GROUP)), first[q]),
+                        _mm512_loadu_si512((const void *)(x + 4 * q * GROUP + 2 * GROUP)), second[q]);
+                const __m512 dx = _mm512_permutexvar_ps(order, _mm512_loadu_ps(xq.scale + (int64_t)m * G + g));
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_fours(a)), dx, acc[m]);
+            }
+        }
+        for (; g < G; ++g) {
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(wrow + g * GROUP));
+            const __m256i w_abs = _mm256_sign_epi8(w, w);
+            const int64_t low = group_low(g, G), high = group_high(g, G);
+            for (int m = 0; m < M; ++m) {
+                const int64_t mg = (int64_t)m * G + g;
+                const int8_t *row = xq.codes + (int64_t)m * K;
+                const __m256i x = _mm256_loadu2_m128i((const __m128i *)(row + high),
+                                                      (const __m128i *)(row + low));
+                const __m256i p32 = dpbusd(_mm256_setzero_si256(), w_abs, _mm256_sign_epi8(x, w));
+                rest[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), _mm256_set1_ps(xq.scale[mg]), rest[m]);
+            }
+        }
+        const float b = bias ? bias[n] : 0.0f;
+        for (int m = 0; m < M; ++m)
+            y[(int64_t)m * N + n] = (_mm512_reduce_add_ps(acc[m]) + hsum(rest[m])) * scale[n] + b;
+    }
+}
+#endif
+
 template <int M>
 void q8_rows(const QuantRows xq, int K, const int8_t *codes, const float *scale,
              const float *bias, float *y, int N, int n0, int n1) {
+#if ANVE_AVX512
+    return q8_rows_512<M>(xq, K, codes, scale, bias, y, N, n0, n1);
+#endif
     const int G = K / GROUP;
     for (int n = n0; n < n1; ++n) {
         __m256 acc[M];
@@ -991,7 +1064,8 @@ struct Scratch {
     ~Scratch() { free(block); }
     QuantRows rows(int M, int K) const {
         float *scale = (float *)(block + codes_bytes);
-        return {(int8_t *)block, scale, scale + (int64_t)M * (K / GROUP)};
+        return {(int8_t *)block, scale, scale + (int64_t)M * (K / GROUP),
+                (int8_t *)(block + codes_bytes + float_bytes)};
     }
     QuantRows256 rows256(int M, int K) const {
         float *scale = (float *)(block + codes_bytes), *bsum = scale + (int64_t)M * (K / SUPER);
