@@ -21,6 +21,7 @@ Variants (:data:`VARIANTS`): the same source compiled for AVX2 (``avx2``), AVX-V
 CPU has (``/proc/cpuinfo``) and the compiler can build (a variant it cannot build is
 skipped, logged); ``ANVE_KERNELS=<name>`` forces one, and forcing one the CPU or the
 compiler lacks raises :class:`VariantError` (never runs an instruction the CPU lacks).
+The environment is read once (again after :func:`reset`).
 :func:`use` switches the variant inside one process (tests, A/B measurements);
 :func:`variant` names the one running. Every variant keeps the row promise above on
 its own; different variants may differ in the last bits of a sum (their integer sums
@@ -210,6 +211,7 @@ def use(name: str | None) -> None:
         if load(name) is None:
             raise VariantError(f"kernel variant {name!r} could not be built (see the log)")
     _forced[0] = name
+    _now.clear()
 
 
 def why_not(name: str) -> str | None:
@@ -287,9 +289,20 @@ def _resolve(native: str, env: str, forced: str | None) -> tuple[str, ctypes.CDL
     return None
 
 
+_now: dict[str, tuple[str, ctypes.CDLL] | None] = {}  # the resolved choice, once per setting
+
+
 def _current() -> tuple[str, ctypes.CDLL] | None:
-    return _resolve(os.environ.get("ANVE_NATIVE", "1"), os.environ.get("ANVE_KERNELS", ""),
-                    _forced[0])
+    """The running variant and library: the environment is read on the first call after
+    :func:`use` or :func:`reset` (every kernel call asks; an environment read costs µs)."""
+    try:
+        return _now["current"]
+    except KeyError:
+        pass
+    current = _resolve(os.environ.get("ANVE_NATIVE", "1"), os.environ.get("ANVE_KERNELS", ""),
+                       _forced[0])
+    _now["current"] = current
+    return current
 
 
 def library() -> ctypes.CDLL | None:
@@ -308,6 +321,7 @@ def variant() -> str | None:
 def reset() -> None:
     """Forget every choice, check and loaded library (tests change the environment)."""
     _forced[0] = None
+    _now.clear()
     _resolve.cache_clear()
     load.cache_clear()
     compiler_accepts.cache_clear()

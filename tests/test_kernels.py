@@ -378,11 +378,15 @@ def test_the_best_variant_runs_and_one_can_be_forced(monkeypatch: pytest.MonkeyP
         best = kernels.buildable()[-1]
         assert kernels.variant() == best
         monkeypatch.setenv("ANVE_KERNELS", "avx2")
+        assert kernels.variant() == best  # the environment is read once ...
+        kernels.reset()  # ... and again after a reset
         assert kernels.variant() == "avx2" and kernels.max_rows() == 8
         monkeypatch.setenv("ANVE_NATIVE", "0")  # off wins over a forced variant
+        kernels.reset()
         assert kernels.variant() is None and not kernels.available()
         monkeypatch.delenv("ANVE_NATIVE")
         monkeypatch.setenv("ANVE_KERNELS", "sse9")
+        kernels.reset()
         with pytest.raises(kernels.VariantError, match="unknown kernel variant 'sse9'"):
             kernels.library()
     finally:
@@ -402,9 +406,11 @@ def test_forcing_a_variant_the_cpu_lacks_is_a_clear_error(monkeypatch: pytest.Mo
             with pytest.raises(kernels.VariantError, match=f"lacks: .*{flag}"):
                 kernels.use(name)
             monkeypatch.setenv("ANVE_KERNELS", name)
+            kernels.reset()
             with pytest.raises(kernels.VariantError, match=f"'{name}' needs CPU flags"):
                 kernels.available()
             monkeypatch.delenv("ANVE_KERNELS")
+            kernels.reset()
         assert kernels.variant() == "avx2"
     finally:
         kernels.reset()
