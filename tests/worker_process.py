@@ -3,6 +3,8 @@
 :func:`start_worker` starts it on an ephemeral port (``--port 0``), reads the
 ``listening`` line it prints, and always stops it (SIGTERM, then SIGKILL).
 :class:`Http` is a tiny stdlib client for raw requests and hand-read streams.
+:class:`Hold` holds the worker's answers (``ANVE_TEST_HOLD``, :mod:`engine.worker.hold`),
+so that a test acts on a running answer however fast the machine generates.
 """
 
 import contextlib
@@ -16,6 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from engine.worker.hold import HOLD_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,6 +63,38 @@ class Http:
         return self.request("GET", path, **kwargs)
 
 
+class Hold:
+    """The file a worker started with ``ANVE_TEST_HOLD`` set to :attr:`path` waits at.
+
+    ``with hold.after(n):`` lets every answer send ``n`` chunks of text and then wait,
+    until :meth:`allow` lets more through, :meth:`release` lets all through, or the block
+    ends (a release). Answers that a test does not hold run freely.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {HOLD_ENV: str(self.path)}
+
+    def allow(self, chunks: int) -> None:
+        spare = self.path.with_name(self.path.name + ".new")
+        spare.write_text(str(chunks))
+        spare.replace(self.path)  # the worker never reads a half-written number
+
+    def release(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def after(self, chunks: int) -> Iterator["Hold"]:
+        self.allow(chunks)
+        try:
+            yield self
+        finally:
+            self.release()
+
+
 class WorkerProcess:
     """A started worker: its address, its logs, and waiting for it."""
 
@@ -98,13 +134,16 @@ class WorkerProcess:
 
 
 @contextlib.contextmanager
-def start_worker(args: list[str], log_dir: Path) -> Iterator[WorkerProcess]:
-    """Start ``python -m engine.worker --port 0 ARGS`` and stop it afterwards."""
+def start_worker(args: list[str], log_dir: Path,
+                 hold: Hold | None = None) -> Iterator[WorkerProcess]:
+    """Start ``python -m engine.worker --port 0 ARGS`` (held at ``hold``) and stop it
+    afterwards."""
     out, err = log_dir / "worker.out", log_dir / "worker.err"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(hold.env if hold else {})}
     with out.open("wb") as out_fh, err.open("wb") as err_fh:
         proc = subprocess.Popen(
             [sys.executable, "-m", "engine.worker", "--port", "0", *args],
-            stdout=out_fh, stderr=err_fh, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=out_fh, stderr=err_fh, cwd=REPO, env=env,
         )
     worker = WorkerProcess(proc, out, err)
     try:

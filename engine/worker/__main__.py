@@ -5,7 +5,8 @@ non-loopback ``--host`` without ``--token-file`` exits with status 2 and a messa
 Once listening, the worker prints one JSON line to stdout,
 ``{"event": "listening", "host": ..., "port": ..., "url": ...}`` (``--port 0`` picks a
 free port), and loads the models in the background while ``/health`` reports progress.
-SIGINT or SIGTERM shut it down cleanly.
+SIGINT or SIGTERM shut it down cleanly. ``ANVE_TEST_HOLD`` is for the tests only
+(:mod:`engine.worker.hold`).
 """
 
 import argparse
@@ -116,6 +117,7 @@ def make_loader(config: WorkerConfig) -> Callable[["Progress"], "ChatEngine"]:
 
 def build_worker(config: WorkerConfig) -> "Worker":
     from engine.worker.auth import Auth
+    from engine.worker.hold import held_if_asked
     from engine.worker.learning import HeadLearning
     from engine.worker.metrics import Metrics
     from engine.worker.scheduler import Scheduler
@@ -127,7 +129,8 @@ def build_worker(config: WorkerConfig) -> "Worker":
         load_threshold=config.load_threshold,
     ))
     metrics = Metrics()
-    scheduler = Scheduler(make_loader(config), settings, metrics, config.max_waiting)
+    scheduler = Scheduler(held_if_asked(make_loader(config)), settings, metrics,
+                          config.max_waiting)
     learning = HeadLearning(config.target, config.data_dir, scheduler.reload_head)
     return Worker(scheduler, settings, metrics, Auth(config.user_token, config.admin_token),
                   learning)
