@@ -83,7 +83,7 @@ case "$mode" in
         build_kernels
         echo "== installing the light model used by the tests"
         .venv/bin/python -m engine.models install light
-        exec .venv/bin/python -m pytest -m "not slow" "$@"
+        exec .venv/bin/python -m pytest -m "not slow and not perf" "$@"
         ;;
     *)
         echo "usage: bash setup.sh run|test [options]" >&2
