@@ -2,9 +2,10 @@
 
 One worker serves the whole module (target: the tiny Llama; draft: an identical copy
 in another folder, so draft tokens are accepted). Its greedy answer to PROMPT never
-ends early, so a LONG answer keeps the worker busy until the test hangs up. Tests
-that change the global setting restore it. No timing is asserted except a generous
-bound on ``/health``.
+ends early. A test that needs an answer still running while it acts holds it
+(:class:`tests.worker_process.Hold`): the answer sends its first chunks and then waits
+for the test, however fast the machine. Tests that change the global setting restore
+it. No timing is asserted; ``/health``'s latency while generating is a ``perf`` test.
 """
 
 import statistics
@@ -18,14 +19,15 @@ from openai import OpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.tiny import save_tiny
-from tests.worker_process import Http, WorkerProcess, start_worker
+from tests.worker_process import Hold, Http, WorkerProcess, start_worker
 
 PROMPT: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "def add(a, b): the quick brown fox"}
 ]
 N = 24  # answer tokens in most tests
 CONTEXT = 4096
-LONG = 4000  # answer tokens that keep even a fast machine busy until the test hangs up
+LONG = 400  # answer tokens of a held answer: more than any hold lets through
+PERF_LONG = 4000  # answer tokens generated (unheld) while /health's latency is measured
 ISSUE_FIELDS = {
     "method", "enabled", "passes", "drafted", "accepted", "acceptance_rate",
     "mean_accepted_length", "accepted_per_position", "tokens_per_second",
@@ -34,14 +36,19 @@ ISSUE_FIELDS = {
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+def hold(tmp_path_factory: pytest.TempPathFactory) -> Hold:
+    return Hold(tmp_path_factory.mktemp("hold") / "hold")
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory: pytest.TempPathFactory, hold: Hold) -> Iterator[WorkerProcess]:
     tmp = tmp_path_factory.mktemp("worker")
     # The tiny Llama of tests.tiny with room for LONG answers; the draft is an identical copy.
     target = save_tiny(tmp / "tiny-llama", max_positions=CONTEXT)
     draft = save_tiny(tmp / "tiny-draft", max_positions=CONTEXT)
     args = ["--profile", "light", "--target", str(target), "--draft", str(draft),
             "--method", "draft", "--data-dir", str(tmp / "data")]
-    with start_worker(args, tmp) as proc:
+    with start_worker(args, tmp, hold) as proc:
         proc.wait_ready()
         yield proc
 
@@ -178,16 +185,17 @@ def test_greedy_answers_are_identical_with_every_method(
 
 
 def test_live_switch_leaves_the_running_answer_alone(
-    client: OpenAI, http: Http, restore_setting: None
+    client: OpenAI, http: Http, hold: Hold, restore_setting: None
 ) -> None:
     put_setting(http, method="draft", enabled=True)
     full = ask(client, 3 * N, speculation={"method": "off"})["text"]
-    chunks = client.chat.completions.create(
-        model="tiny-llama", messages=PROMPT, max_tokens=3 * N, temperature=0,
-        stream=True,
-    )
-    first = next(c for c in chunks if c.choices and c.choices[0].delta.content)
-    put_setting(http, method="ngram")  # while the answer above is streaming
+    with hold.after(1):
+        chunks = client.chat.completions.create(
+            model="tiny-llama", messages=PROMPT, max_tokens=3 * N, temperature=0,
+            stream=True,
+        )
+        first = next(c for c in chunks if c.choices and c.choices[0].delta.content)
+        put_setting(http, method="ngram")  # while the answer above is held mid-stream
     rest = list(chunks)
     text = (first.choices[0].delta.content or "") + "".join(
         c.choices[0].delta.content or "" for c in rest if c.choices
@@ -214,8 +222,9 @@ def test_four_concurrent_clients_all_get_complete_answers(
 class LongStream:
     """A long streamed answer read by hand, so the test decides when to hang up."""
 
-    def __init__(self, http: Http, **extra: Any) -> None:
-        body = {"messages": PROMPT, "max_tokens": LONG, "temperature": 0, "stream": True, **extra}
+    def __init__(self, http: Http, max_tokens: int = LONG, **extra: Any) -> None:
+        body = {"messages": PROMPT, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                **extra}
         self.conn, self.response = http.open("POST", "/v1/chat/completions", body)
 
     def first_content(self) -> str:
@@ -230,30 +239,33 @@ class LongStream:
 
 
 def test_a_disconnect_mid_stream_cancels_and_frees_the_queue(
-    client: OpenAI, http: Http
+    client: OpenAI, http: Http, hold: Hold
 ) -> None:
     series = 'anve_requests_total{finish_reason="cancelled"}'
     cancelled = metric(http, series)
-    long = LongStream(http, speculation={"method": "off"})
-    long.first_content()
-    long.hang_up()
+    with hold.after(1):  # the answer cannot end but by the hang-up
+        long = LongStream(http, speculation={"method": "off"})
+        long.first_content()
+        long.hang_up()
+        until(lambda: metric(http, series) == cancelled + 1)
+    until(lambda: health(http)["queue"] == {"waiting": 0, "running": 0})
     assert ask(client, 4)["finish"] == "length"  # the queue moved on
-    until(lambda: metric(http, series) == cancelled + 1)
 
 
 def test_speculation_switches_off_under_load_and_back_on(
-    client: OpenAI, http: Http, restore_setting: None
+    client: OpenAI, http: Http, hold: Hold, restore_setting: None
 ) -> None:
     put_setting(http, enabled=True, method="draft", load_threshold=1)
-    busy = LongStream(http, speculation={"method": "off"})
-    busy.first_content()
-    with ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(2) as pool, hold.after(1):  # on failure: released, then joined
+        busy = LongStream(http, speculation={"method": "off"})
+        busy.first_content()
         second = pool.submit(ask, client, 4)  # would wait alone: load 1, not above 1
         until(lambda: health(http)["queue"]["waiting"] == 1)
         third = pool.submit(ask, client, 4)  # would be the second waiting: load 2
         until(lambda: health(http)["queue"]["waiting"] == 2)
         assert health(http)["speculation_load_off"] is True
         busy.hang_up()
+        hold.release()
         kept, dropped = second.result()["speculation"], third.result()["speculation"]
     assert kept["enabled"] and kept["method"] == "draft"
     assert not dropped["enabled"] and dropped["disabled_reason"] == "load"
@@ -263,8 +275,19 @@ def test_speculation_switches_off_under_load_and_back_on(
     assert metric(http, "anve_spec_load_off_requests_total") >= 1
 
 
+def test_health_answers_while_an_answer_runs(http: Http, hold: Hold) -> None:
+    with hold.after(1):
+        busy = LongStream(http, speculation={"method": "off"})
+        busy.first_content()
+        for _ in range(3):
+            assert health(http)["queue"] == {"waiting": 0, "running": 1}
+        busy.hang_up()
+    until(lambda: health(http)["queue"]["running"] == 0)
+
+
+@pytest.mark.perf
 def test_health_answers_quickly_while_generating(http: Http) -> None:
-    busy = LongStream(http, speculation={"method": "off"})
+    busy = LongStream(http, PERF_LONG, speculation={"method": "off"})
     busy.first_content()
     times = []
     for _ in range(10):
