@@ -37,7 +37,9 @@ READING = [PromptProgress(0, 300), PromptProgress(128, 300), PromptProgress(300,
 
 
 class FakeEngine:
-    """Answers ``w0 w1 ...``; every odd word counts as drafted. Optionally slow. The question
+    """Answers ``w0 w1 ...``; every odd word counts as drafted. With a ``gate``, each answer
+    sends ``free`` words and then waits until the test sets the gate (or the answer is
+    cancelled: a hang-up, the scheduler's stop); never a timed wait. The question
     "a long document" is read in chunks first (:data:`READING`). Continuing an answer of n
     words goes on from ``wn``; a rolling window leaves out all but the first and the last
     two messages of a conversation longer than three."""
@@ -48,9 +50,8 @@ class FakeEngine:
     num_draft_tokens = 3
     methods: ClassVar[list[str]] = ["off", "ngram", "suffix"]
 
-    def __init__(self, delay_s: float = 0.0, gate: threading.Event | None = None) -> None:
-        self.delay_s = delay_s
-        self.gate = gate
+    def __init__(self, gate: threading.Event | None = None, free: int = 0) -> None:
+        self.gate, self.free = gate, free
         self.seen: list[str] = []
 
     def generate(self, messages: Any, params: Any = None, *, max_tokens: int = 512,
@@ -81,12 +82,12 @@ class FakeEngine:
     ) -> Iterator[TextChunk | Completion]:
         text, reason = "", "length"
         for i in range(start, start + n):
-            if self.gate is not None:
-                self.gate.wait(10)
+            if self.gate is not None and len(text.split()) >= self.free:
+                while not self.gate.is_set() and not cancel.wait(0.01):
+                    pass
             if cancel.is_set():
                 reason = "cancelled"
                 break
-            time.sleep(self.delay_s)
             text += f"w{i} "
             yield TextChunk(f"w{i} ", ((f"w{i} ", i % 2 == 1),), (i,))
         stats = SpeculationStats(method, method != "off", prompt_tokens=3,
@@ -109,7 +110,8 @@ async def serving(
         scheduler.stop()
 
 
-async def until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+async def until(check: Callable[[], bool], timeout: float = 60.0) -> None:
+    """Wait for ``check``; the timeout is only there to end a hang."""
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, "condition not reached in time"
@@ -355,7 +357,8 @@ def test_fifo_order_queue_limit_and_withdrawal() -> None:
 
 
 def test_disconnect_cancels_the_running_answer() -> None:
-    engine = FakeEngine(delay_s=0.01)
+    gate = threading.Event()
+    engine = FakeEngine(gate=gate, free=1)  # the answer cannot end but by the hang-up
 
     async def scenario() -> None:
         async with serving(ready(engine)) as (client, worker):
@@ -364,9 +367,10 @@ def test_disconnect_cancels_the_running_answer() -> None:
                                      json={"messages": USER, "max_tokens": 5000, "stream": True})
             await resp.content.readline()
             resp.close()
-            await until(lambda: worker.scheduler.running == 0, timeout=20)
+            await until(lambda: worker.scheduler.running == 0)
             metrics = (await (await client.get("/metrics")).read()).decode()
             assert 'anve_requests_total{finish_reason="cancelled"} 1.0' in metrics
+            gate.set()
             answer = await client.post("/v1/chat/completions",
                                        json={"messages": USER, "max_tokens": 2})
             assert (await answer.json())["choices"][0]["finish_reason"] == "length"
