@@ -3,6 +3,7 @@
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -31,19 +32,25 @@ def test_cli_passes_profile_and_models_through() -> None:
     assert build_parser().parse_args(["--worker", "http://10.0.0.5:8765"]).worker
 
 
+def until(check: Callable[[], bool], failure: str, timeout: float = 60.0) -> None:
+    """Wait for ``check``; the timeout is only there to end a hang."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, failure
+        time.sleep(0.02)
+
+
 def test_a_worker_does_not_outlive_a_killed_app() -> None:
     parent = subprocess.Popen([sys.executable, "-c", PARENT, ORPHAN_GUARD],
                               stdout=subprocess.PIPE, text=True)
     assert parent.stdout is not None
     child = psutil.Process(int(parent.stdout.readline()))
-    time.sleep(0.3)  # let the guard set its death signal and exec
-    assert "time.sleep(60)" in " ".join(child.cmdline())
+    worker = [sys.executable, "-c", "import time; time.sleep(60)"]  # once the guard has set
+    until(lambda: child.cmdline() == worker, "the guard did not exec")  # its death signal
     parent.kill()
     parent.wait(10)
-    deadline = time.monotonic() + 10
-    while child.is_running() and child.status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < deadline, "the worker outlived the app"
-        time.sleep(0.05)
+    until(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE,
+          "the worker outlived the app")
 
 
 def test_last_line_of_the_log(tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ import stat
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -65,9 +64,23 @@ def test_refuses_a_file_from_a_newer_app(tmp_path: Path) -> None:
         Store.open(path)
 
 
-def test_conversations_newest_first_rename_and_settings(store: Store) -> None:
+class Clock:
+    """Stands in for the ``time`` module in :mod:`app.store`: each reading is a second
+    after the one before, however fast the calls come."""
+
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def time(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_conversations_newest_first_rename_and_settings(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("app.store.time", Clock())
     first = store.create_conversation("first")
-    time.sleep(0.01)
     second = store.create_conversation("second", ChatSettings("Be brief.", 0.2, 64))
     assert [c.title for c in store.conversations()] == ["second", "first"]
     store.add_message(first.id, "user", "hello again")
@@ -194,14 +207,15 @@ def test_async_store_runs_calls_on_one_thread(tmp_path: Path) -> None:
 
 
 KILLED_WRITER = """
-import sys, time
+import sys
 from app.store import Store, INTERRUPTED
 store = Store.open(sys.argv[1])
 c = store.create_conversation("crash")
 store.add_message(c.id, "user", "the question")
 answer = store.add_message(c.id, "assistant", "", INTERRUPTED)
-text = ""
-print("ready", flush=True)
+text = "partial answer words "
+store.update_message(answer.id, text)
+print("ready", flush=True)  # one update is in; the writer goes on until it is killed
 while True:
     text += "partial answer words "
     store.update_message(answer.id, text)
@@ -215,8 +229,7 @@ def test_a_killed_app_leaves_a_valid_database(tmp_path: Path) -> None:
         cwd=REPO, stdout=subprocess.PIPE, text=True,
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-    time.sleep(0.3)
-    os.kill(proc.pid, signal.SIGKILL)
+    os.kill(proc.pid, signal.SIGKILL)  # mid-write: it writes as fast as it can
     proc.wait(10)
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

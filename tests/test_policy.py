@@ -1,7 +1,6 @@
 """Adaptive draft length and automatic switch-off, on synthetic costs."""
 
 import itertools
-import time
 
 import pytest
 
@@ -113,20 +112,43 @@ def test_policy_respects_the_room_left() -> None:
     assert policy.next_gamma(room=1) == 0
 
 
+class Clock:
+    """Stands in for the ``time`` module in :mod:`engine.decoding`: each reading is a
+    millisecond after the one before (a target pass takes 1 ms), and a drafter can
+    spend more, so the costs the policy measures do not depend on the machine."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 0.001
+        return self.now
+
+    def spend(self, seconds: float) -> None:
+        self.now += seconds
+
+
 class SlowWrongDrafter:
-    """Takes 20 ms per draft token and proposes tokens the target will reject."""
+    """Takes 20 ms of the clock per draft token and proposes tokens the target rejects."""
 
     name = "wrong"
 
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+
     def propose(self, context, k, params, generator):  # type: ignore[no-untyped-def]
-        time.sleep(0.02 * k)
+        self.clock.spend(0.02 * k)
         return Draft(tuple([63] * k))
 
     def observe(self, context, proposed, accepted):  # type: ignore[no-untyped-def]
         pass
 
 
-def test_adaptive_decoding_stays_identical_and_switches_off() -> None:
+def test_adaptive_decoding_stays_identical_and_switches_off(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock()
+    monkeypatch.setattr("engine.decoding.time", clock)
     target = tiny_model("llama", vocab_size=64, seed=1, scale=4.0)
     prompt = [5, 6, 7, 8, 5, 6, 7]
 
@@ -137,6 +159,6 @@ def test_adaptive_decoding_stays_identical_and_switches_off() -> None:
 
     plain, _ = run(None, None)
     assert run(NgramDrafter(), DraftPolicy())[0] == plain
-    tokens, steps = run(SlowWrongDrafter(), DraftPolicy())
+    tokens, steps = run(SlowWrongDrafter(clock), DraftPolicy())
     assert tokens == plain
     assert sum(s.auto_off for s in steps) > 10
