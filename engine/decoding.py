@@ -33,7 +33,7 @@ from engine.invariant import MAX_ROWS
 from engine.policy import DraftPolicy
 from engine.protocol import SpeculationStats
 from engine.runner import ModelRunner
-from engine.sampling import SamplingParams, probabilities
+from engine.sampling import SamplingParams, position_uniform, probabilities, quantile_token
 
 
 @dataclass(frozen=True)
@@ -56,16 +56,34 @@ class Step:
         return cls((), (), 0, 0, 0.0, 0.0, reason, forwarded=False)
 
 
-def verify(
-    logits: torch.Tensor, draft: Draft, params: SamplingParams, generator: torch.Generator
-) -> tuple[int, int]:
-    """Accept a prefix of ``draft`` against target ``logits`` ``[G+1, V]``.
+def seeded_tokens(logits: torch.Tensor, params: SamplingParams, positions: Sequence[int]
+                  ) -> torch.Tensor:
+    """The target's token after each row of ``logits`` ``[R, V]`` in a seeded answer, row
+    ``r`` picking the token at ``positions[r]`` (:func:`engine.sampling.quantile_token`)."""
+    assert params.seed is not None
+    p = probabilities(logits, params)  # [R, V]
+    return torch.tensor([quantile_token(p[r], position_uniform(params.seed, pos))
+                         for r, pos in enumerate(positions)], dtype=torch.long)  # [R]
 
+
+def verify(
+    logits: torch.Tensor, draft: Draft, params: SamplingParams, generator: torch.Generator,
+    position: int = 0,
+) -> tuple[int, int]:
+    """Accept a prefix of ``draft`` against target ``logits`` ``[G+1, V]``; row ``r``
+    gives the token at context position ``position + r``.
+
+    Greedy: drafts equal to the target's argmax. Seeded sampling: drafts equal to the
+    seed's token at their position (:func:`seeded_tokens`): the same match rule, so the
+    answer does not depend on the drafts. Otherwise Leviathan's rule with ``generator``.
     Returns ``(n_accepted, next_token)``.
     """
     tokens = torch.tensor([draft.tokens], dtype=torch.long).reshape(1, len(draft))  # [1, G]
     if params.greedy:
         n, nxt = greedy_accept(logits.argmax(-1).unsqueeze(0), tokens)
+    elif params.seed is not None:
+        picked = seeded_tokens(logits, params, range(position, position + len(draft) + 1))
+        n, nxt = greedy_accept(picked.unsqueeze(0), tokens)
     else:
         p = probabilities(logits, params).unsqueeze(0)  # [1, G+1, V]
         q = None if draft.probs is None else draft.probs.unsqueeze(0)  # [1, G, V]
@@ -77,10 +95,12 @@ def verify(
 
 
 def verify_tree(
-    logits: torch.Tensor, draft: Draft, params: SamplingParams, generator: torch.Generator
+    logits: torch.Tensor, draft: Draft, params: SamplingParams, generator: torch.Generator,
+    position: int = 0,
 ) -> tuple[list[int], int]:
     """Accept one path of the tree ``draft`` against target ``logits`` ``[N+1, V]`` (row 0
-    after the pending token, row ``i + 1`` after draft node ``i``).
+    after the pending token, giving the token at context position ``position``; row
+    ``i + 1`` after draft node ``i``, one position further than its parent's row).
 
     Returns the accepted nodes (indices into ``draft.tokens``) and the next token.
     """
@@ -88,6 +108,12 @@ def verify_tree(
     tokens, parents = list(draft.tokens), list(draft.parents)
     if params.greedy:
         return tree_accept(None, logits.argmax(-1), None, tokens, parents, [], 0.0)
+    if params.seed is not None:
+        depth = [0]  # of each row: the root's, then each node's (parents come first)
+        for parent in parents:
+            depth.append(depth[parent + 1] + 1)
+        picked = seeded_tokens(logits, params, [position + d for d in depth])
+        return tree_accept(None, picked, None, tokens, parents, [], 0.0)
     p = probabilities(logits, params).double()  # [N+1, V]
     q = None if draft.probs is None else draft.probs.double()  # [N, V]
     u = torch.rand(len(tokens), generator=generator, dtype=torch.float64).tolist()
@@ -128,6 +154,7 @@ def decode(
     policy: DraftPolicy | None = None,
     cancel: threading.Event | None = None,
     first_token_first: bool = False,
+    generator: torch.Generator | None = None,
 ) -> Generator[Step, None, None]:
     """Generate after ``prompt`` (non-empty, shorter than ``max_context``), one pass per step.
 
@@ -137,8 +164,11 @@ def decode(
     model, an EAGLE head) does so only after the first pass, which then runs plain: the
     first token comes as soon as the target has read the prompt, and the drafter's
     reading (reported as the next step's ``drafter_prefill_s``) costs the same later.
+    ``generator`` (default: one seeded with ``params.seed``) draws the drafters' samples
+    and, in unseeded sampling, the acceptance tests (a seeded answer's tokens come from
+    :func:`seeded_tokens`).
     """
-    generator = make_generator(params.seed)
+    generator = generator or make_generator(params.seed)
     context = list(prompt)
     wants_hidden = bool(getattr(drafter, "wants_hidden", False))
     target.keep_hidden(wants_hidden)
@@ -176,13 +206,13 @@ def decode(
         t1 = time.perf_counter()
         if draft.parents is None:
             logits = target.forward([context[-1], *draft.tokens], rows=len(draft) + 1)  # [G+1, V]
-            n, nxt = verify(logits, draft, params, generator)
+            n, nxt = verify(logits, draft, params, generator, len(context))
             target.truncate(len(context) + n)
             kept = list(draft.tokens[:n])
         else:
             logits = target.forward_tree([context[-1], *draft.tokens],
                                          [-1, *(p + 1 for p in draft.parents)])  # [N+1, V]
-            path, nxt = verify_tree(logits, draft, params, generator)
+            path, nxt = verify_tree(logits, draft, params, generator, len(context))
             target.keep_path(len(context) - 1, [0, *(i + 1 for i in path)])
             n, kept = len(path), [draft.tokens[i] for i in path]
         t2 = time.perf_counter()

@@ -3,6 +3,16 @@
 The same :func:`probabilities` is applied to the target's logits (``p``) and the
 drafter's logits (``q``): speculative sampling is lossless only if both sides see the
 identical temperature, top-k and top-p processing.
+
+Seeded answers (``SamplingParams.seed``) draw the token at each position of the context
+from one uniform number that depends only on the seed and that position
+(:func:`position_uniform`), by inverting the distribution's cumulative sum in token-id
+order (:func:`quantile_token`). Each token is then an exact sample of ``p`` (the
+uniforms of different positions are independent), and the answer is a function of the
+seed and the target's distributions alone: a draft changes how many tokens a pass
+keeps, never which. So the same seed gives the same answer with or without speculation,
+whichever method drafts and whatever length the policy picks from the machine's
+timings.
 """
 
 from dataclasses import dataclass
@@ -61,3 +71,31 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     """Draw one token id per row of ``probs`` (``[..., V]`` -> ``[...]``)."""
     flat = probs.reshape(-1, probs.shape[-1])
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a bijection of 64-bit integers that scrambles every bit."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
+    return x ^ (x >> 31)
+
+
+def position_uniform(seed: int, position: int) -> float:
+    """The uniform number in ``(0, 1)`` that picks the token at ``position`` of a seeded
+    answer: a pure function of the two (53 random bits, never exactly 0 or 1)."""
+    x = _mix64((_mix64(seed & _MASK64) + (position + 1) * _GOLDEN) & _MASK64)
+    return ((x >> 11) + 0.5) / float(1 << 53)
+
+
+def quantile_token(probs: torch.Tensor, u: float) -> int:
+    """The token whose cumulative-probability interval (token-id order) holds ``u``:
+    an exact sample of ``probs`` ``[V]`` for ``u`` uniform, never a zero-probability
+    token."""
+    cum = probs.double().cumsum(-1)  # [V]
+    at = torch.tensor([u * float(cum[-1])], dtype=torch.float64)
+    index = int(torch.searchsorted(cum, at, right=True)[0])
+    return min(index, int(probs.nonzero()[-1]))

@@ -174,6 +174,28 @@ def test_sampling_is_seeded_and_deterministic() -> None:
     assert a != c
 
 
+def test_a_seeded_answer_is_the_same_whatever_drafts_it() -> None:
+    """The seed fixes the tokens; drafters and draft lengths only change the passes."""
+    target = tiny_model("llama", vocab_size=64, seed=7, scale=3.0)
+    near = DraftModelDrafter(loaded(tiny_model("llama", vocab_size=64, seed=7, scale=3.0)), 64,
+                             min_confidence=0.0)
+    far = DraftModelDrafter(loaded(tiny_model("llama", vocab_size=64, seed=8)), 64,
+                            min_confidence=0.0)
+    params = SamplingParams(temperature=1.0, top_p=0.95, seed=31)
+    prompt = [5, 6, 7, 5, 6]
+    plain = run(target, prompt, params=params, n=30)
+    accepted = 0
+    for drafter, k in ((near, 1), (near, 4), (far, 3), (NgramDrafter(), 3)):
+        steps = list(decode(ModelRunner(target), prompt, params=params, max_new_tokens=30,
+                            max_context=256, drafter=drafter, num_draft_tokens=k))
+        assert [t for s in steps for t in s.tokens] == plain, (drafter, k)
+        accepted += sum(s.accepted for s in steps)
+    assert accepted > 0  # the near drafter's draws coincide with the target's
+    other = run(target, prompt, params=SamplingParams(temperature=1.0, top_p=0.95, seed=32),
+                n=30)
+    assert other != plain
+
+
 def _exact_two_token_distribution(model: torch.nn.Module, prompt: list[int]) -> torch.Tensor:
     """P(t1, t2 | prompt) for a small vocabulary, flattened to ``[V * V]``."""
     with torch.no_grad():
@@ -184,8 +206,12 @@ def _exact_two_token_distribution(model: torch.nn.Module, prompt: list[int]) -> 
     return (p1[:, None] * p2).reshape(-1)
 
 
+@pytest.mark.parametrize("seeded", [True, False], ids=["seeded", "leviathan"])
 @pytest.mark.parametrize("draft_vocab", [8, 5])
-def test_speculative_sampling_matches_plain_sampling_end_to_end(draft_vocab: int) -> None:
+def test_speculative_sampling_matches_plain_sampling_end_to_end(draft_vocab: int,
+                                                                 seeded: bool) -> None:
+    """Both rules: a seeded answer's position-wise draws, and Leviathan's acceptance test
+    (an unseeded answer, here with a seeded generator)."""
     vocab = 8
     target = tiny_model("llama", vocab_size=vocab, seed=11, scale=3.0)
     draft = tiny_model("llama", vocab_size=vocab, seed=12, scale=3.0)
@@ -199,9 +225,10 @@ def test_speculative_sampling_matches_plain_sampling_end_to_end(draft_vocab: int
     runner = ModelRunner(target)
     for method, d in (("off", None), ("draft", drafter), ("hybrid", hybrid)):
         for seed in range(1500):
-            params = SamplingParams(temperature=1.0, seed=seed)
+            params = SamplingParams(temperature=1.0, seed=seed if seeded else None)
             steps = decode(runner, prompt, params=params, max_new_tokens=2, max_context=256,
-                           drafter=d, num_draft_tokens=2)
+                           drafter=d, num_draft_tokens=2,
+                           generator=torch.Generator().manual_seed(seed))
             t1, t2 = [t for s in steps for t in s.tokens][:2]
             counts[method][t1 * vocab + t2] += 1
     for method, seen in counts.items():

@@ -113,6 +113,7 @@ class DraftModelDrafter:
     def propose(
         self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator
     ) -> Draft:
+        position = len(context)  # of the first drafted token, in the whole context
         context = self.view(context)
         k = min(k, self.loaded.max_context - len(context))
         if k <= 0 or not context:
@@ -125,7 +126,7 @@ class DraftModelDrafter:
         levels: list[Level] = []
         for i in range(k):
             row = fit_vocab(logits, self.vocab_size)  # [V]
-            levels.append(choose(row, params, generator, self.branches and 1))
+            levels.append(choose(row, params, generator, self.branches and 1, position + i))
             if levels[-1].confidence < self.min_confidence:
                 break  # later guesses would most likely be rejected
             if i + 1 < k:

@@ -129,17 +129,19 @@ class EagleDrafter:
         self._crop(keep)
         feature = self._step(features[keep:real], context[keep + 1 : real + 1])  # [1, H]
         self.covered = list(context)
-        draft = self._draft(feature, k, params, generator)
+        draft = self._draft(feature, k, params, generator, len(context))
         self._crop(real)
         return replace(draft, catch_up=real - keep)
 
     def _draft(
-        self, feature: torch.Tensor, k: int, params: SamplingParams, generator: torch.Generator
+        self, feature: torch.Tensor, k: int, params: SamplingParams, generator: torch.Generator,
+        position: int,
     ) -> Draft:
+        """Up to ``k`` tokens for context positions ``position, position + 1, ...``."""
         levels: list[Level] = []
         for i in range(k):
             logits = self.lm_head(feature)[0]  # [V]
-            levels.append(choose(logits, params, generator, self.branches and 1))
+            levels.append(choose(logits, params, generator, self.branches and 1, position + i))
             if levels[-1].confidence < self.min_confidence or i + 1 == k:
                 break
             feature = self._step(feature, [levels[-1].token])  # [1, H]

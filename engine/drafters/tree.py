@@ -16,7 +16,13 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.drafters import Draft
-from engine.sampling import SamplingParams, probabilities, sample
+from engine.sampling import (
+    SamplingParams,
+    position_uniform,
+    probabilities,
+    quantile_token,
+    sample,
+)
 
 
 @dataclass
@@ -30,16 +36,23 @@ class Level:
 
 
 def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator,
-           alternatives: int = 0) -> Level:
+           alternatives: int = 0, position: int | None = None) -> Level:
     """The chain's token at this depth from ``logits`` ``[V]`` and up to ``alternatives``
-    others (greedy: the next likeliest; sampling: drawn without replacement)."""
+    others (greedy: the next likeliest; sampling: drawn without replacement).
+
+    In a seeded answer, the token for context ``position`` is drawn with the uniform the
+    target will use there (:func:`engine.sampling.position_uniform`): where the draft's
+    distribution is close to the target's, the two pick the same token."""
     if params.greedy:
         probs = logits.float().softmax(-1)  # [V]
         top = probs.topk(1 + alternatives)
         pairs = [(int(t), float(c)) for c, t in zip(top.values, top.indices, strict=True)]
         return Level(pairs[0][0], pairs[0][1], None, pairs[1:])
     q = probabilities(logits, params)  # [V]
-    token = int(sample(q, generator))
+    if params.seed is not None and position is not None:
+        token = quantile_token(q, position_uniform(params.seed, position))
+    else:
+        token = int(sample(q, generator))
     level = Level(token, float(q[token]), q)
     left = q.clone()
     for _ in range(alternatives):
