@@ -21,6 +21,13 @@ CONTEXT_OVERFLOW = (ROLLING_WINDOW, STOP_AT_LIMIT)
 turns (the system prompt and the latest turn are always kept), or refuse it with a
 ``context_length_exceeded`` error."""
 
+WARM, COLD = "warm", "cold"
+CACHE_STATES = (WARM, COLD)
+"""How an answer may use what the engine kept from earlier answers: ``warm`` reuses
+cached prompts and drafters' caches and lets the suffix lookup remember the answer;
+``cold`` reads the prompt as if nothing were cached and leaves no trace (the speed
+demo's two runs start from the same state this way)."""
+
 
 @dataclass(frozen=True)
 class SpeculationStats:

@@ -23,9 +23,19 @@ generation prompt followed by the answer's own tokens, so where the answer's tex
 tokenizes back to the tokens it was generated as, greedy decoding continues exactly as
 it would have with a larger limit. Only the new text is streamed.
 
+``cache="cold"`` answers as if the engine had never seen the prompt: it runs on empty
+copies of the target's runner and of every drafter's own cache (a shallow copy whose
+runners are copied and ``reset``: so a ``reset`` must give new caches, never clear the
+ones it holds), so nothing cached, parked or not, is reused, and the suffix lookup drafts
+from the office's earlier answers but does not remember this one. The office's caches
+are left as they were: a conversation cached before is still cached after. The speed
+demo runs both its sides cold, so both read the whole prompt and neither drafts from the
+other's answer. The default ``"warm"`` reuses every cache and remembers the answer.
+
 A ChatEngine runs one generation at a time; the worker serialises requests.
 """
 
+import copy
 import logging
 import os
 import threading
@@ -47,9 +57,12 @@ from engine.errors import BadRequestError, PromptTooLongError
 from engine.models import LoadedModel, load_pair
 from engine.policy import DraftPolicy
 from engine.protocol import (
+    CACHE_STATES,
+    COLD,
     CONTEXT_OVERFLOW,
     METHODS,
     STOP_AT_LIMIT,
+    WARM,
     Completion,
     ContextWindow,
     PromptProgress,
@@ -137,6 +150,27 @@ class Prompt:
 def _ahead(first: ContextWindow, events: Iterator[Event]) -> Generator[Event, None, None]:
     yield first
     yield from events
+
+
+def _check_cache(cache: Any) -> None:
+    if cache not in CACHE_STATES:
+        raise BadRequestError(f"cache must be one of {', '.join(CACHE_STATES)}, not {cache!r}")
+
+
+def _emptied(obj: Any, table: Mapping[str, Any], cold_table: Mapping[str, Any]) -> Any:
+    """A shallow copy of ``obj`` (a runner or a drafter) with caches of its own: its
+    runners are emptied copies too, a reference to the drafter ``table`` becomes
+    ``cold_table``, and then its ``reset`` (if any) runs on the copy."""
+    twin = copy.copy(obj)
+    for name, value in list(getattr(twin, "__dict__", {}).items()):
+        if isinstance(value, ModelRunner):
+            setattr(twin, name, _emptied(value, table, cold_table))
+        elif value is table:
+            setattr(twin, name, cold_table)
+    reset = getattr(twin, "reset", None)
+    if callable(reset):
+        reset()
+    return twin
 
 
 def _check_max_tokens(max_tokens: Any) -> None:
@@ -361,17 +395,21 @@ class ChatEngine:
         cancel: threading.Event | None = None,
         overflow: str = STOP_AT_LIMIT,
         continue_final: bool = False,
+        cache: str = WARM,
     ) -> Generator[Event, None, None]:
         """Answer ``messages`` (or continue its last, ``continue_final``): yields a
         :class:`ContextWindow` when a rolling window (``overflow``) left messages out,
         :class:`PromptProgress` while reading a long prompt, then :class:`TextChunk` s,
-        then one :class:`Completion`."""
+        then one :class:`Completion`. ``cache`` is ``"warm"`` or ``"cold"`` (see the
+        module)."""
         _check_max_tokens(max_tokens)
+        _check_cache(cache)
         prompt = self.fit(messages, continue_final=continue_final, overflow=overflow,
                           reserve=max_tokens)
         events = self.generate_ids(
             prompt.ids, params, max_tokens=max_tokens, stop=stop, method=method,
             num_draft_tokens=num_draft_tokens, cancel=cancel, answer_prefix=prompt.answer_ids,
+            cache=cache,
         )
         if prompt.dropped_messages:
             return _ahead(ContextWindow(prompt.dropped_messages, len(prompt.ids)), events)
@@ -388,10 +426,12 @@ class ChatEngine:
         num_draft_tokens: DraftLength | None = None,
         cancel: threading.Event | None = None,
         answer_prefix: Sequence[int] = (),
+        cache: str = WARM,
     ) -> Generator[Event, None, None]:
         """Like :meth:`generate` for an already tokenized prompt; ``answer_prefix`` are the
         ids at its end that belong to the answer being continued (its text is not sent
         again, and the new text joins it as one detokenization would)."""
+        _check_cache(cache)
         params = params or SamplingParams()
         method = self.check_method(self.method if method is None else method)
         k = self.check_num_draft_tokens(
@@ -405,7 +445,7 @@ class ChatEngine:
         if isinstance(stop, str):
             stop = [stop]
         return self._run(list(prompt), params, max_tokens, list(stop), method, k, cancel,
-                         tuple(answer_prefix))
+                         tuple(answer_prefix), cache == COLD)
 
     def _policy(self, method: str) -> DraftPolicy:
         """The method's adaptive policy: costs measured on earlier answers are kept."""
@@ -413,12 +453,20 @@ class ChatEngine:
         policy.new_answer()
         return policy
 
-    def _read_prompt(self, ids: list[int], cancel: threading.Event | None
+    def _cold(self) -> tuple[ModelRunner, dict[str, Drafter]]:
+        """Copies of the target's runner and of the drafter table with every cache empty;
+        the engine's own are untouched (see the module)."""
+        table: dict[str, Drafter] = {}
+        table.update((name, _emptied(d, self.drafters, table)) for name, d in self.drafters.items())
+        return _emptied(self.runner, self.drafters, table), table
+
+    @staticmethod
+    def _read_prompt(runner: ModelRunner, ids: list[int], cancel: threading.Event | None
                      ) -> Generator[PromptProgress, None, bool]:
         """Feed ``ids`` into the target's cache :data:`READ_CHUNK` tokens at a time,
         checking ``cancel`` between chunks; a read of more than one chunk reports its
         progress (from 0). Returns False when cancelled."""
-        start = self.runner.common_prefix(ids)
+        start = runner.common_prefix(ids)
         total = len(ids) - start
         report = total > READ_CHUNK
         if report:
@@ -426,7 +474,7 @@ class ChatEngine:
         for end in [*range(start + READ_CHUNK, len(ids), READ_CHUNK), len(ids)]:
             if cancel is not None and cancel.is_set():
                 return False
-            self.runner.sync(ids[:end])
+            runner.sync(ids[:end])
             if report:
                 yield PromptProgress(end - start, total)
         return True
@@ -441,14 +489,16 @@ class ChatEngine:
         k: DraftLength,
         cancel: threading.Event | None,
         answer_prefix: tuple[int, ...] = (),
+        cold: bool = False,
     ) -> Generator[Event, None, None]:
         adaptive = k == ADAPTIVE and method != "off"
         recorder = StatsRecorder(method, method != "off", len(prompt), adaptive=adaptive)
-        drafter = self.drafters.get(method)
-        self.runner.keep_hidden(bool(getattr(drafter, "wants_hidden", False)))
+        runner, drafters = self._cold() if cold else (self.runner, self.drafters)
+        drafter = drafters.get(method)
+        runner.keep_hidden(bool(getattr(drafter, "wants_hidden", False)))
         # another conversation's parked cache, if it fits
-        recorder.cached_tokens = self.runner.resume(prompt[:-1])
-        read = yield from self._read_prompt(prompt[:-1], cancel)  # the drafter's comes later
+        recorder.cached_tokens = runner.resume(prompt[:-1])
+        read = yield from self._read_prompt(runner, prompt[:-1], cancel)  # the drafter's later
         recorder.prefill_s = time.perf_counter() - recorder.started
         if not read:
             yield Completion("", "cancelled", (), recorder.finish())
@@ -456,9 +506,9 @@ class ChatEngine:
         detok = IncrementalDetokenizer(self.target.tokenizer, answer_prefix)
         text = TextAssembler(stop)
         steps = decode(
-            self.runner, prompt, params=params, max_new_tokens=max_tokens,
+            runner, prompt, params=params, max_new_tokens=max_tokens,
             max_context=self.target.max_context, stop_ids=self.target.eos_ids,
-            drafter=None if method == "off" else self.drafters[method],
+            drafter=None if method == "off" else drafters[method],
             num_draft_tokens=k if isinstance(k, int) else MAX_ADAPTIVE,
             policy=self._policy(method) if adaptive else None, cancel=cancel,
             first_token_first=True,
@@ -480,7 +530,7 @@ class ChatEngine:
             if text.stopped or step.finish_reason is not None:
                 break
         suffix = self.drafters["suffix"]
-        if isinstance(suffix, SuffixDrafter):
+        if isinstance(suffix, SuffixDrafter) and not cold:
             suffix.add_document(detok.ids)
         new_ids = tuple(detok.ids[len(answer_prefix):])
         yield Completion(text.text, finish, new_ids, recorder.finish())

@@ -5,6 +5,8 @@ import threading
 
 import pytest
 
+from engine.drafters.draft_model import DraftModelDrafter
+from engine.drafters.suffix import SuffixDrafter
 from engine.errors import BadRequestError, PromptTooLongError
 from engine.models import LoadedModel
 from engine.protocol import ROLLING_WINDOW, Completion, ContextWindow, PromptProgress, TextChunk
@@ -339,3 +341,63 @@ def test_a_rolling_window_keeps_the_system_prompt_and_the_latest_turns(
         engine.generate(huge, overflow=ROLLING_WINDOW)
     with pytest.raises(BadRequestError, match="context_overflow"):
         engine.generate(ASK, overflow="truncate_middle")
+
+
+# --- cold answers (the speed demo) ---------------------------------------------------------
+
+DEMO = [{"role": "user", "content": "for i in range(10): print the squares please"}]
+
+
+def office_state(engine: ChatEngine) -> tuple[object, ...]:
+    """What the engine keeps between answers: the target's and the draft model's cached
+    ids (current and parked) and the suffix lookup's memory."""
+    draft = engine.drafters["draft"]
+    suffix = engine.drafters["suffix"]
+    assert isinstance(draft, DraftModelDrafter) and isinstance(suffix, SuffixDrafter)
+    runners = (engine.runner, draft.runner)
+    return (*(list(r.ids) for r in runners), *([p.ids for p in r.parked] for r in runners),
+            [list(d) for d in suffix.index.docs])
+
+
+def test_cold_runs_start_from_equal_cache_states_and_leave_no_trace(engine: ChatEngine) -> None:
+    _, warm = answer(engine, DEMO, method="off", max_tokens=16)
+    _, again = answer(engine, DEMO, method="draft", max_tokens=16)
+    prompt = len(engine.encode(DEMO))
+    assert again.stats.cached_tokens == prompt - 1  # warm: the second run finds the prompt
+    before = office_state(engine)
+    runs = [answer(engine, DEMO, method=m, max_tokens=16, cache="cold")[1]
+            for m in ("off", "draft", "hybrid", "suffix")]
+    assert [r.stats.cached_tokens for r in runs] == [0, 0, 0, 0]
+    assert all(r.stats.prompt_tokens == prompt for r in runs)
+    assert all(r.token_ids == warm.token_ids for r in runs)
+    assert office_state(engine) == before  # nothing cached or remembered, nothing dropped
+    _, after = answer(engine, DEMO, method="draft", max_tokens=16)
+    assert after.stats.cached_tokens == prompt - 1  # the office's cache is still there
+
+
+def test_a_cold_speculative_run_does_not_draft_from_the_plain_runs_answer() -> None:
+    target = tiny_loaded("tiny-target", seed=1, scale=4.0)
+    question = [{"role": "user", "content": "The quick brown fox, please explain"}]
+    # what the suffix lookup drafts after a warm plain run: it learnt the answer
+    learnt = ChatEngine(target)
+    _, plain = answer(learnt, question, method="off", max_tokens=24)
+    _, warm = answer(learnt, question, method="suffix", max_tokens=24)
+    # and after a cold one: it drafts as if the plain run had not happened
+    fresh, demo = ChatEngine(target), ChatEngine(target)
+    _, unseen = answer(fresh, question, method="suffix", max_tokens=24)
+    _, cold_plain = answer(demo, question, method="off", max_tokens=24, cache="cold")
+    _, cold = answer(demo, question, method="suffix", max_tokens=24, cache="cold")
+    assert warm.token_ids == plain.token_ids == cold_plain.token_ids == cold.token_ids \
+        == unseen.token_ids
+    assert warm.stats.accepted > unseen.stats.accepted  # learning the answer would show
+    assert (cold.stats.drafted, cold.stats.accepted) == (unseen.stats.drafted,
+                                                         unseen.stats.accepted)
+    suffix = demo.drafters["suffix"]
+    assert isinstance(suffix, SuffixDrafter) and suffix.index.docs == []
+
+
+def test_an_unknown_cache_state_is_a_clear_error(engine: ChatEngine) -> None:
+    with pytest.raises(BadRequestError, match="cache must be one of warm, cold"):
+        answer(engine, DEMO, cache="frozen")
+    with pytest.raises(BadRequestError, match="cache must be one of"):
+        list(engine.generate_ids(engine.encode(DEMO), cache="icy"))

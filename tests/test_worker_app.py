@@ -53,16 +53,18 @@ class FakeEngine:
     def __init__(self, gate: threading.Event | None = None, free: int = 0) -> None:
         self.gate, self.free = gate, free
         self.seen: list[str] = []
+        self.caches: list[str] = []  # each answer's cache state, as the worker passed it
 
     def generate(self, messages: Any, params: Any = None, *, max_tokens: int = 512,
                  method: str | None = None, cancel: threading.Event | None = None,
-                 overflow: str = "stop", continue_final: bool = False,
+                 overflow: str = "stop", continue_final: bool = False, cache: str = "warm",
                  **_: Any) -> Iterator[Any]:
         if len(messages[-1]["content"]) > 100:
             raise PromptTooLongError("the conversation is too long")
         if messages[-1]["content"] == "crash":
             raise RuntimeError("a bug in the engine")
         self.seen.append(messages[-1]["content"])
+        self.caches.append(cache)
         start = len(messages[-1]["content"].split()) if continue_final else 0
         words = self._words(max_tokens, method or self.method, cancel or threading.Event(),
                             start)
@@ -265,6 +267,37 @@ def test_a_rolling_window_says_what_it_left_out_and_answers_continue() -> None:
                 error = await resp.json()
                 assert_error(error, "invalid_request")
                 assert error["error"]["param"] == param
+
+    asyncio.run(scenario())
+
+
+def test_a_cold_answer_reaches_the_engine_and_says_so() -> None:
+    url = "/v1/chat/completions"
+
+    async def scenario() -> None:
+        engine = FakeEngine()
+        async with serving(ready(engine)) as (client, worker):
+            await until(lambda: worker.scheduler.status.state == "ready")
+            cold = {"messages": USER, "max_tokens": 2, "anve": {"cache": "cold"}}
+            chunks = sse_chunks(await (await client.post(url, json={**cold, "stream": True})
+                                       ).text())
+            assert chunks[-1]["anve"]["cache"] == "cold"
+            assert chunks[-1]["speculation"]["total_s"] is not None
+            whole = await (await client.post(url, json=cold)).json()
+            assert whole["anve"]["cache"] == "cold"
+            warm = await (await client.post(url, json={**cold, "anve": {"cache": "warm"}})).json()
+            default = await (await client.post(url, json={"messages": USER, "max_tokens": 1})
+                             ).json()
+            assert "cache" not in warm["anve"] and "cache" not in default["anve"]
+            assert engine.caches == ["cold", "cold", "warm", "warm"]
+            for bad in ("frozen", True, None, ["cold"]):
+                resp = await client.post(url, json={**cold, "anve": {"cache": bad}})
+                assert resp.status == 400, bad
+                error = await resp.json()
+                assert_error(error, "invalid_request")
+                assert error["error"]["param"] == "anve.cache"
+                assert "warm, cold" in error["error"]["message"]
+            assert len(engine.caches) == 4  # refused before the engine saw them
 
     asyncio.run(scenario())
 

@@ -169,6 +169,25 @@ def test_a_long_prompt_streams_its_reading_to_the_openai_client(client: OpenAI) 
     assert text == whole.choices[0].message.content  # the progress chunks carry no text
 
 
+def test_the_demos_cold_runs_start_from_equal_cache_states(
+    client: OpenAI, reference: str
+) -> None:
+    ask(client, N)  # the office asked this before: a warm run finds it cached
+    warm = ask(client, N, speculation={"method": "draft"})["usage"]
+    assert warm.prompt_tokens_details is not None
+    assert warm.prompt_tokens_details.cached_tokens == warm.prompt_tokens - 1
+    runs = [ask(client, N, speculation={"method": m}, anve={"cache": "cold"})
+            for m in ("off", "draft", "suffix")]
+    for run in runs:
+        assert run["text"] == reference
+        assert run["anve"]["cache"] == "cold"
+        assert run["usage"].prompt_tokens_details.cached_tokens == 0
+        spec = run["speculation"]
+        assert spec["total_s"] >= spec["time_to_first_token_s"] > 0
+    after = ask(client, N)["usage"]  # the office's cache was left as it was
+    assert after.prompt_tokens_details.cached_tokens == after.prompt_tokens - 1
+
+
 @pytest.mark.parametrize(
     ("method", "k"),
     [("off", 3), ("ngram", 3), ("suffix", 3), ("draft", 3), ("draft", "adaptive")],

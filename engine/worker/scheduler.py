@@ -72,7 +72,7 @@ class Engine(Protocol):
         self, messages: Any, params: Any = None, *, max_tokens: int = 512,
         stop: Sequence[str] = (), method: str | None = None,
         num_draft_tokens: Any = None, cancel: threading.Event | None = None,
-        overflow: str = "stop", continue_final: bool = False,
+        overflow: str = "stop", continue_final: bool = False, cache: str = "warm",
     ) -> Iterator[ContextWindow | PromptProgress | TextChunk | Completion]: ...
 
 
@@ -303,7 +303,7 @@ class Scheduler:
                 request.messages, request.params, max_tokens=request.max_tokens,
                 stop=request.stop, method=decision.method, num_draft_tokens=k,
                 cancel=job.cancel, overflow=request.context_overflow,
-                continue_final=request.continue_final,
+                continue_final=request.continue_final, cache=request.cache,
             )
             job.emit(Started(k))
             for event in events:

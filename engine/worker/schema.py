@@ -23,6 +23,21 @@ prompt_tokens}``. ``continue_final_message: true`` with ``add_generation_prompt:
 (vLLM's fields) continues the last message, the assistant's partial answer; only the
 new text comes back. The first streamed chunk carries ``anve.method``, the drafting
 method the answer runs with (``off``: plain decoding).
+
+``anve.cache`` says how the answer may use what the worker kept from earlier answers:
+``"warm"`` (the default) reuses the longest cached prefix of the prompt (the current KV
+cache or a parked conversation's, the target's and the drafters' alike) and lets the
+suffix lookup remember the answer; ``"cold"`` answers as if none of it were there: the
+whole prompt is read (``usage.prompt_tokens_details.cached_tokens`` is 0), the suffix
+lookup drafts only from the office's earlier answers and does not learn this one, and
+the caches kept for the office's conversations stay as they were. The speed demo asks
+cold for both its runs, so they start from the same state. A cold answer's final chunk
+(or the whole answer) carries ``anve.cache: "cold"``. Any other value is a 400 with
+``param`` ``anve.cache``.
+
+A finished answer's ``speculation`` also carries ``total_s``: the seconds from when the
+engine took the request to its last token, prompt reading included (with
+``time_to_first_token_s``, the time after the first token).
 Unknown request fields are ignored, as OpenAI-compatible servers do.
 """
 
@@ -33,7 +48,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import BadRequestError
-from engine.protocol import CONTEXT_OVERFLOW, STOP_AT_LIMIT, SpeculationStats
+from engine.protocol import (
+    CACHE_STATES,
+    CONTEXT_OVERFLOW,
+    STOP_AT_LIMIT,
+    WARM,
+    SpeculationStats,
+)
 from engine.sampling import SamplingParams
 from engine.session import validate_messages
 from engine.worker.settings import Decision, DraftLength, Override, parse_override
@@ -43,7 +64,7 @@ MAX_STOP_STRINGS = 16
 MAX_SEED = 2**63 - 1
 SPECULATION_FIELDS = (
     "passes", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
-    "accepted_per_position", "tokens_per_second", "time_to_first_token_s",
+    "accepted_per_position", "tokens_per_second", "time_to_first_token_s", "total_s",
 )
 OPTIONAL_FIELDS = ("auto_off_passes",)  # reported when the engine measures them
 
@@ -68,6 +89,7 @@ class ChatRequest:
     speculation: Override | None = None
     context_overflow: str = STOP_AT_LIMIT
     continue_final: bool = False  # continue the last message (an assistant's answer)
+    cache: str = WARM  # anve.cache: "warm" or "cold"
 
 
 # --- parsing ---------------------------------------------------------------------
@@ -167,18 +189,32 @@ def _continue_final(body: Mapping[str, Any]) -> bool:
     return continue_final
 
 
-def _context_overflow(value: Any) -> str:
-    """``anve.context_overflow`` of a request's ``anve`` object."""
+def _anve(value: Any) -> Mapping[str, Any]:
+    """A request's ``anve`` object (empty when absent)."""
     if value is None:
-        return STOP_AT_LIMIT
+        return {}
     if not isinstance(value, Mapping):
         raise FieldError("anve", "anve must be an object, e.g. {\"context_overflow\": "
                          "\"rolling_window\"}")
-    policy = value.get("context_overflow", STOP_AT_LIMIT)
+    return value
+
+
+def _context_overflow(anve: Mapping[str, Any]) -> str:
+    """``anve.context_overflow``."""
+    policy = anve.get("context_overflow", STOP_AT_LIMIT)
     if policy not in CONTEXT_OVERFLOW:
         raise FieldError("anve.context_overflow", "anve.context_overflow must be one of "
                          f"{', '.join(CONTEXT_OVERFLOW)}, got {policy!r}")
     return str(policy)
+
+
+def _cache(anve: Mapping[str, Any]) -> str:
+    """``anve.cache``: ``"warm"`` or ``"cold"`` (see the module)."""
+    cache = anve.get("cache", WARM)
+    if cache not in CACHE_STATES:
+        raise FieldError("anve.cache", "anve.cache must be one of "
+                         f"{', '.join(CACHE_STATES)}, got {cache!r}")
+    return str(cache)
 
 
 def parse_chat_request(
@@ -201,6 +237,7 @@ def parse_chat_request(
     except BadRequestError as exc:
         raise FieldError("speculation", str(exc)) from None
     continue_final = _continue_final(body)
+    anve = _anve(body.get("anve"))
     return ChatRequest(
         messages=_messages(body.get("messages"), continue_final),
         params=_sampling(body),
@@ -208,8 +245,9 @@ def parse_chat_request(
         stop=_stop(body.get("stop")),
         stream=_flag(body, "stream"),
         speculation=speculation,
-        context_overflow=_context_overflow(body.get("anve")),
+        context_overflow=_context_overflow(anve),
         continue_final=continue_final,
+        cache=_cache(anve),
     )
 
 

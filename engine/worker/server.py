@@ -29,6 +29,7 @@ from aiohttp import web
 
 from engine.errors import BadRequestError, EngineError
 from engine.protocol import (
+    COLD,
     PROTOCOL_VERSION,
     Completion,
     ContextWindow,
@@ -280,6 +281,8 @@ def _final_fields(job: Job, completion: Completion, started: Started,
                   window: ContextWindow | None) -> dict[str, Any]:
     stats = completion.stats
     anve: dict[str, Any] = {"token_ids": list(completion.token_ids)}
+    if job.request.cache == COLD:
+        anve["cache"] = COLD
     if window is not None:
         anve["context_window"] = _window_json(window)
     return {
