@@ -321,17 +321,24 @@ def kernel_throughput(variants: Sequence[str], rows: Sequence[int] = (1, 2, 4, 8
 
 
 def variant_costs(runner: ModelRunner, variants: Sequence[str],
-                  ks: tuple[int, ...] = (1, 2, 4, 8), prompt: int = 128, reps: int = 5
+                  ks: tuple[int, ...] = (1, 2, 4, 8), prompt: int = 128, reps: int = 5,
+                  peer: Callable[[list[int]], None] | None = None
                   ) -> dict[str, dict[str, Any]]:
     """Per variant: ``t`` the median seconds of a forward over k new tokens with all k
     rows' logits (as :func:`forward_costs`) and ``prompt_ms_per_token`` the median time
     of reading a ``prompt``-token prompt from an empty cache, per token; variants take
-    turns within each repetition (after a warm-up round)."""
+    turns within each repetition (after a warm-up round). ``peer`` (e.g. llama.cpp
+    reading the same ids) takes its turn too, reported as ``LLAMA_CPP`` with no ``t``."""
     vocab = int(runner.model.config.vocab_size)
     context = [(100 + i) % vocab for i in range(prompt)]
     steps: dict[str, dict[int, list[float]]] = {v: {k: [] for k in ks} for v in variants}
-    reads: dict[str, list[float]] = {v: [] for v in variants}
+    reads: dict[str, list[float]] = {v: [] for v in (*variants, LLAMA_CPP)}
     for rep in range(reps + 1):
+        if peer is not None:
+            start = time.perf_counter()
+            peer(context)
+            if rep:
+                reads[LLAMA_CPP].append((time.perf_counter() - start) / prompt)
         for name in variants:
             with kernel_variant(name):
                 runner.reset()
@@ -345,9 +352,30 @@ def variant_costs(runner: ModelRunner, variants: Sequence[str],
                     if rep:
                         steps[name][k].append(time.perf_counter() - start)
                     runner.truncate(prompt)
-    return {name: {"t": {k: sorted(t)[reps // 2] for k, t in steps[name].items()},
-                   "prompt_ms_per_token": 1000 * sorted(reads[name])[reps // 2]}
-            for name in variants}
+    costs: dict[str, dict[str, Any]] = {
+        name: {"t": {k: sorted(t)[reps // 2] for k, t in steps[name].items()},
+               "prompt_ms_per_token": 1000 * sorted(reads[name])[reps // 2]}
+        for name in variants}
+    if peer is not None:
+        read = sorted(reads[LLAMA_CPP])[reps // 2]
+        costs[LLAMA_CPP] = {"t": {}, "prompt_ms_per_token": 1000 * read}
+    return costs
+
+
+def llama_cpp_reader(gguf: Path | None) -> Callable[[list[int]], None] | None:
+    """llama.cpp reading a prompt's ids into an empty cache (``None`` without it)."""
+    if gguf is None or importlib.util.find_spec("llama_cpp") is None:
+        return None
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(gguf), n_ctx=1024, n_batch=512,
+                n_threads=torch.get_num_threads(), verbose=False)
+
+    def read(ids: list[int]) -> None:
+        llm.reset()
+        llm.eval(ids)
+
+    return read
 
 
 def variants_markdown(throughput: dict[str, dict[int, float]],
@@ -366,8 +394,9 @@ def variants_markdown(throughput: dict[str, dict[int, float]],
                   + " | prompt ms/token |", "| --- |" + " ---: |" * (len(ks) + 1)]
         for name, c in by_variant.items():
             t = c["t"]
-            lines.append(f"| {name} | {t[ks[0]] * 1000:.1f} | "
-                         + " | ".join(f"{t[k] / t[ks[0]]:.2f}" for k in ks[1:])
+            cells = ([f"{t[ks[0]] * 1000:.1f}", *(f"{t[k] / t[ks[0]]:.2f}" for k in ks[1:])]
+                     if t else ["–"] * len(ks))
+            lines.append(f"| {name} | " + " | ".join(cells)
                          + f" | {c['prompt_ms_per_token']:.2f} |")
     return "\n".join(lines) + "\n"
 
@@ -655,12 +684,13 @@ def main(argv: list[str] | None = None) -> int:
     ab: dict[str, Any] | None = None
     if (args.variants or args.kernels_only) and running:
         everyone = [*others, running]
-        models = {target: engine.target.model}
+        models = {target: (engine.target.model, engine.target.gguf)}
         if engine.draft is not None:
-            models[draft or "draft"] = engine.draft.model
+            models[draft or "draft"] = (engine.draft.model, engine.draft.gguf)
         ab = {"kernel_gmac_s": kernel_throughput(everyone),
-              "models": {name: variant_costs(ModelRunner(model), everyone)
-                         for name, model in models.items()}}
+              "models": {name: variant_costs(ModelRunner(model), everyone,
+                                             peer=llama_cpp_reader(gguf))
+                         for name, (model, gguf) in models.items()}}
     if args.kernels_only:
         if ab is None:
             log.error("native kernels not running here: nothing to compare")
