@@ -21,15 +21,40 @@ length a drafter really drafts (it stops early when unsure) scales the expected 
 length. A new answer starts from part of the previous answers' acceptance, so one
 unlucky first pass does not switch drafting off. All functions are pure or depend
 only on the numbers fed to ``update``, so they are tested with synthetic costs.
+
+Calibrated start (:meth:`DraftPolicy.calibrated`): given the machine's measured ``t(1)``,
+``t(k) / t(1)`` and the drafter's step cost (:mod:`engine.calibration`), the policy
+needs no measuring passes and chooses from its first pass; ``PRIOR_SLOPE`` is then
+never used (it is the prior for ``t(k)`` before anything was measured).
+
+Bounded switch-off and probing: besides the slow acceptance estimate (``DECAY``), a fast
+one (``FAST_DECAY``, about the last two passes) is kept, and drafting switches off as
+soon as either predicts plain decoding faster. So a drafter whose drafts all stop being
+accepted is switched off within a few passes whatever its history (the evidence of the
+fast estimate is bounded by ``max_gamma / (1 - FAST_DECAY)`` tokens). A probe after a
+cool-down drafts the length the costs pick at an acceptance of at least the prior (at
+least one token); its cost beyond what plain decoding would have taken for the tokens it
+produced is measured, and the next cool-down lasts at least that excess divided by
+``PROBE_SHARE`` plain passes (:func:`probe_cooldown`), so the probes of a drafter that
+never pays cost at most ``PROBE_SHARE`` of plain decoding's time over a long answer; a
+model drafter whose reading of the skipped text alone costs more is not probed again
+until the next answer.
 """
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 DECAY = 0.85  # weight of the past in the running estimates, per pass
 PRIOR_SLOPE = 0.15  # assumed extra cost per extra verified token, relative to t(1)
+FAST_DECAY = 0.5  # the same for the fast estimate that switches drafting off quickly
 MIN_COOLDOWN, MAX_COOLDOWN = 4, 64
 CARRY = 0.6  # share of the acceptance evidence a new answer keeps from the earlier ones
+# The most of plain decoding's time that probing a drafter that does not pay may cost:
+# half of the 1 - 0.98 allowance of "never slower than plain", the other half is left
+# for the passes that detect the change and for noise. A goal, not a measured figure.
+PROBE_SHARE = 0.01
+NEVER = 1 << 30  # a cool-down that lasts the answer
 
 
 def expected_tokens(alpha: float, gamma: float) -> float:
@@ -60,6 +85,22 @@ def choose_gamma(
     return best
 
 
+def probe_cooldown(t1: float, step: float, drafted: int, accepted: int, draft_s: float,
+                   verify_s: float, catch_up: int) -> int:
+    """Plain passes to wait before the next probe so that probing costs at most
+    ``PROBE_SHARE`` of plain decoding's time. A probe costs its drafts and verification
+    beyond what plain decoding takes for the tokens it produced (a fixed excess) plus a
+    model drafter's reading of what it skipped (``catch_up`` tokens: an excess per plain
+    pass waited). When that reading alone costs ``PROBE_SHARE`` of a pass, no wait
+    suffices: the drafter is not probed again in this answer (a huge cool-down)."""
+    drafting = drafted * step
+    reading = max(0.0, draft_s - drafting) / max(1, catch_up - 1) / t1  # per skipped token
+    fixed = max(0.0, drafting + verify_s - (accepted + 1) * t1) / t1
+    if reading >= PROBE_SHARE:
+        return NEVER
+    return math.ceil(fixed / (PROBE_SHARE - reading))
+
+
 @dataclass
 class DraftPolicy:
     """Per-answer controller of the draft length (``next_gamma`` / ``update``)."""
@@ -82,19 +123,43 @@ class DraftPolicy:
     asked: float = 0.0  # decayed sums of the draft lengths asked for and really drafted
     got: float = 0.0
     last_asked: int = 0
+    fast_accepted: float = 0.0  # the fast estimate's evidence (FAST_DECAY)
+    fast_rejected: float = 0.0
+    probing: bool = False  # the pass being run is a probe
+    min_cooldown: int = 0  # the cool-down that keeps probing within PROBE_SHARE (passes)
+
+    @classmethod
+    def calibrated(cls, t1: float, ratios: dict[int, float], draft_cost: float | None,
+                   max_gamma: int = 8) -> "DraftPolicy":
+        """A policy that starts from measured figures: ``t1`` seconds of a one-token
+        forward, ``ratios`` ``t(k) / t(1)``, ``draft_cost`` seconds per draft step (None:
+        measured on the first draft pass)."""
+        policy = cls(max_gamma=max_gamma)
+        policy.t1, policy.ratio, policy.draft_cost = t1, dict(ratios), draft_cost
+        return policy
 
     def new_answer(self) -> None:
         """Keep the measured costs and ``CARRY`` of the acceptance evidence."""
         self.accepted *= CARRY
         self.rejected *= CARRY
+        self.fast_accepted *= CARRY
+        self.fast_rejected *= CARRY
         self.cooldown, self.next_cooldown, self.off_passes = 0, MIN_COOLDOWN, 0
-        self.probe = False
+        self.probe = self.probing = False
+        self.min_cooldown = 0
         self.last_yield = 1
 
     @property
     def alpha(self) -> float:
         """Acceptance rate estimate (geometric MLE with a weak prior)."""
         a, r = self.accepted + self.alpha_prior, self.rejected + (1 - self.alpha_prior)
+        return a / (a + r)
+
+    @property
+    def fast_alpha(self) -> float:
+        """The same estimate over about the last two draft passes."""
+        a = self.fast_accepted + self.alpha_prior
+        r = self.fast_rejected + (1 - self.alpha_prior)
         return a / (a + r)
 
     def verify_cost(self, k: int) -> float:
@@ -130,17 +195,26 @@ class DraftPolicy:
             self.off_passes += 1
             self.last_off = True
             return 0
+        fill = self.got / self.asked if self.asked > 0 else 1.0
+        if self.probe and self.draft_cost is not None and self.t1 is not None:
+            self.probe, self.probing = False, True
+            hopeful = max(self.alpha, self.alpha_prior)
+            self.last_asked = max(1, choose_gamma(hopeful, self.draft_cost, self.verify_cost,
+                                                  limit, fill))
+            return self.last_asked  # re-measure the acceptance at a bounded cost
         if self.draft_cost is None or self.probe:
             self.probe = False
             self.last_asked = min(self.start_gamma, limit)
             return self.last_asked  # measure a draft and t(gamma+1)
         if self.t1 is None:
             return 0  # one plain pass measures t(1), the cost to beat
-        fill = self.got / self.asked if self.asked > 0 else 1.0
         gamma = choose_gamma(self.alpha, self.draft_cost, self.verify_cost, limit, fill)
+        if gamma and not choose_gamma(self.fast_alpha, self.draft_cost, self.verify_cost,
+                                      limit, fill):
+            gamma = 0  # the last passes say drafting stopped paying
         self.last_asked = gamma
         if gamma == 0:
-            self.cooldown = self.next_cooldown - 1
+            self.cooldown = max(self.next_cooldown, self.min_cooldown) - 1
             self.next_cooldown = min(self.next_cooldown * 2, MAX_COOLDOWN)
             self.off_passes += 1
             self.last_off = True
@@ -166,6 +240,10 @@ class DraftPolicy:
         context tokens the drafter fed before drafting (``Draft.catch_up``)."""
         self._measured(drafted + 1, verify_s)
         last_yield, self.last_yield = self.last_yield, accepted + 1
+        if self.probing and self.t1 is not None and drafted > 0:
+            self.min_cooldown = probe_cooldown(self.t1, self.draft_cost or 0.0, drafted,
+                                               accepted, draft_s, verify_s, catch_up)
+        self.probing = False
         if self.last_asked > 0 and drafted > 0:  # (a lookup that found nothing: no draft)
             self.asked = DECAY * self.asked + self.last_asked
             self.got = DECAY * self.got + drafted
@@ -177,7 +255,11 @@ class DraftPolicy:
             self.draft_cost = per_step if self.draft_cost is None else (
                 DECAY * self.draft_cost + (1 - DECAY) * per_step
             )
+        missed = 1 if accepted < drafted else 0
         self.accepted = DECAY * self.accepted + accepted
-        self.rejected = DECAY * self.rejected + (1 if accepted < drafted else 0)
+        self.rejected = DECAY * self.rejected + missed
+        self.fast_accepted = FAST_DECAY * self.fast_accepted + accepted
+        self.fast_rejected = FAST_DECAY * self.fast_rejected + missed
         if accepted == drafted:
             self.next_cooldown = MIN_COOLDOWN
+            self.min_cooldown = 0

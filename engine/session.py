@@ -32,6 +32,15 @@ are left as they were: a conversation cached before is still cached after. The s
 demo runs both its sides cold, so both read the whole prompt and neither drafts from the
 other's answer. The default ``"warm"`` reuses every cache and remembers the answer.
 
+Method ``auto`` (the default) picks, per answer, the method predicted fastest for the
+question's kind on this machine (:mod:`engine.calibration`): from the calibration the
+worker measures or loads in the background (:meth:`ChatEngine.calibrate`) and the
+acceptance each method showed. Before any calibration it runs n-gram lookup, which
+needs no model of its own and costs next to nothing when it finds no draft. Every answer
+folds what it measured (t(1), t(k)/t(1), the drafter's step cost, its acceptance) back
+into the calibration, and adaptive policies start from the calibrated figures. An
+explicit method always wins.
+
 A ChatEngine runs one generation at a time; the worker serialises requests.
 """
 
@@ -45,7 +54,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from engine.decoding import StatsRecorder, decode
+from engine.calibration import (
+    KINDS,
+    Calibration,
+    CalibrationCache,
+    Choice,
+    Observations,
+    Seen,
+    cache_key,
+    choose,
+    classify,
+    machine_identity,
+    measure,
+    model_identity,
+    predict,
+)
+from engine.decoding import StatsRecorder, Step, decode
 from engine.detokenize import IncrementalDetokenizer
 from engine.drafters import Drafter
 from engine.drafters.draft_model import DraftModelDrafter
@@ -80,12 +104,12 @@ MAX_ADAPTIVE = 8  # the adaptive policy's longest draft
 READ_CHUNK = 128  # prompt tokens read between progress reports and cancel checks (~3 s)
 ROLL_TURNS = 4  # a rolling window leaves out the oldest turns this many at a time
 ADAPTIVE: Literal["adaptive"] = "adaptive"
-# The method an engine starts with. n-gram lookup (adaptive) was the fastest single
-# method on the benchmark's 16 prompts in both runs that had all adaptive rows
-# (2026-12-01: 1.13x and 1.12x plain, 0.98-1.24x per kind; the draft model 1.03x and
-# 1.04x, its prompt processing eating most of what its drafts win), and it needs no
-# second model. Admins switch to another method per worker or per request.
-DEFAULT_METHOD = "ngram"
+AUTO = "auto"  # the method predicted fastest on this machine, per answer
+# The method an engine starts with: the machine's figures choose (see the module).
+# Admins switch to another method per worker or per request.
+DEFAULT_METHOD = AUTO
+FALLBACK_METHOD = "ngram"  # auto's choice before anything is measured
+CALIBRATION_BUDGET_S = 4.0  # of background measuring at worker start
 DraftLength = int | Literal["adaptive"]
 Event = ContextWindow | PromptProgress | TextChunk | Completion
 
@@ -248,6 +272,11 @@ class ChatEngine:
         if eagle is not None:
             self.drafters["eagle"] = eagle
         self.policies: dict[str, DraftPolicy] = {}
+        self.calibration: Calibration | None = None
+        self.observations = Observations()
+        self.calibration_key = cache_key(machine_identity(), model_identity([target, draft]))
+        self._cache: CalibrationCache | None = None
+        self.last_choice: Choice | None = None
         self.method = self.check_method(method or DEFAULT_METHOD)
         self.num_draft_tokens = self.check_num_draft_tokens(num_draft_tokens)
 
@@ -275,19 +304,26 @@ class ChatEngine:
         if eagle is not None:
             self.drafters["eagle"] = eagle
             self.policies.pop("eagle", None)  # its measured acceptance was the old head's
+            self.observations.forget("eagle")
 
     @property
     def max_adaptive(self) -> int:
-        """The adaptive policy's longest draft: what one cheap verification can hold."""
+        """The adaptive policy's longest draft: with a calibration, as long as a
+        verification was measured (the policy weighs the measured t(k)); before, what one
+        cheap verification can hold."""
+        if self.calibration is not None:
+            return MAX_DRAFT_TOKENS - 1
         rows = self.target.efficient_rows
         return MAX_ADAPTIVE if rows is None else max(1, min(MAX_ADAPTIVE, rows - 1))
 
     @property
     def methods(self) -> list[str]:
-        """Methods usable now: ``off`` plus each loaded drafter."""
-        return ["off", *self.drafters]
+        """Methods usable now: ``auto``, ``off`` and each loaded drafter."""
+        return [AUTO, "off", *self.drafters]
 
     def check_method(self, method: str) -> str:
+        if method == AUTO:
+            return method
         if method not in METHODS:
             raise BadRequestError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
         if method not in self.methods:
@@ -406,10 +442,12 @@ class ChatEngine:
         _check_cache(cache)
         prompt = self.fit(messages, continue_final=continue_final, overflow=overflow,
                           reserve=max_tokens)
+        questions = [m for m in messages if m.get("role") == "user"]
+        kind = classify(str(questions[-1].get("content", ""))) if questions else None
         events = self.generate_ids(
             prompt.ids, params, max_tokens=max_tokens, stop=stop, method=method,
             num_draft_tokens=num_draft_tokens, cancel=cancel, answer_prefix=prompt.answer_ids,
-            cache=cache,
+            cache=cache, kind=kind,
         )
         if prompt.dropped_messages:
             return _ahead(ContextWindow(prompt.dropped_messages, len(prompt.ids)), events)
@@ -427,13 +465,18 @@ class ChatEngine:
         cancel: threading.Event | None = None,
         answer_prefix: Sequence[int] = (),
         cache: str = WARM,
+        kind: str | None = None,
     ) -> Generator[Event, None, None]:
         """Like :meth:`generate` for an already tokenized prompt; ``answer_prefix`` are the
         ids at its end that belong to the answer being continued (its text is not sent
-        again, and the new text joins it as one detokenization would)."""
+        again, and the new text joins it as one detokenization would); ``kind``: the
+        question's kind (:func:`engine.calibration.classify`) if known, for ``auto``."""
         _check_cache(cache)
         params = params or SamplingParams()
         method = self.check_method(self.method if method is None else method)
+        if method == AUTO:
+            self.last_choice = self.choice(kind)
+            method = self.check_method(self.last_choice.method)
         k = self.check_num_draft_tokens(
             self.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
         )
@@ -445,13 +488,86 @@ class ChatEngine:
         if isinstance(stop, str):
             stop = [stop]
         return self._run(list(prompt), params, max_tokens, list(stop), method, k, cancel,
-                         tuple(answer_prefix), cache == COLD)
+                         tuple(answer_prefix), cache == COLD, kind)
 
     def _policy(self, method: str) -> DraftPolicy:
-        """The method's adaptive policy: costs measured on earlier answers are kept."""
-        policy = self.policies.setdefault(method, DraftPolicy(max_gamma=self.max_adaptive))
+        """The method's adaptive policy: costs measured on earlier answers are kept; a new
+        one starts from the calibration's figures when there is one."""
+        if method not in self.policies:
+            self.policies[method] = (
+                DraftPolicy(max_gamma=self.max_adaptive) if self.calibration is None
+                else self.calibration.policy(method, self.max_adaptive))
+        policy = self.policies[method]
         policy.new_answer()
         return policy
+
+    # --- calibration and the automatic method --------------------------------------
+
+    def calibrate(self, cache: str | os.PathLike[str] | None = None,
+                  budget_s: float = CALIBRATION_BUDGET_S
+                  ) -> Generator[None, None, Calibration]:
+        """Load this machine's and models' calibration from ``cache`` (a JSON file), or
+        measure it in slices (one ``next()`` each, :func:`engine.calibration.measure`)
+        and save it there."""
+        self._cache = None if cache is None else CalibrationCache(Path(cache))
+        if self._cache is not None:
+            cached, observations = self._cache.load(self.calibration_key)
+            if cached is not None:
+                self.calibration, self.observations = cached, observations
+                log.info("calibration for this machine and models read from %s", cache)
+                return cached
+        calibration = yield from measure(self.target.model, self.drafters,
+                                         self.calibration_key, budget_s)
+        self.calibration = calibration
+        log.info("calibrated: t(1) %.1f ms, t(8)/t(1) %.2f, t(16)/t(1) %.2f; steps %s",
+                 calibration.t1 * 1000, calibration.ratio_at(8), calibration.ratio_at(16),
+                 ", ".join(f"{k} {v:.3f}" for k, v in calibration.step.items()))
+        self._save()
+        return calibration
+
+    def _save(self) -> None:
+        if self._cache is not None:
+            self._cache.save(self.calibration_key, self.calibration, self.observations)
+
+    def choice(self, kind: str | None) -> Choice:
+        """The method ``auto`` runs on a question of ``kind`` now, and why."""
+        if self.calibration is None:
+            return choose((), kind, FALLBACK_METHOD)
+        predictions = predict(self.calibration, self.observations, self.drafters, kind,
+                              self.max_adaptive)
+        return choose(predictions, kind, FALLBACK_METHOD)
+
+    def speculation_report(self) -> dict[str, Any]:
+        """The calibration and ``auto``'s choice per kind, as the worker reports them."""
+        return {
+            "calibration": None if self.calibration is None else self.calibration.summary(),
+            "overall": self.choice(None).to_json(),
+            "kinds": {kind: self.choice(kind).to_json() for kind in KINDS},
+        }
+
+    def _learn(self, method: str, kind: str | None, steps: list[Step],
+               prompt_tokens: int, policy: DraftPolicy | None) -> None:
+        """Fold one answer's figures into the observations and the calibration."""
+        if method != "off":
+            seen = Seen(answers=1.0)
+            for i, step in enumerate(steps):
+                if not step.forwarded or step.auto_off or (i == 0 and not step.drafted):
+                    continue
+                seen = seen.add(Seen(float(step.accepted),
+                                     float(step.accepted < step.drafted and step.drafted > 0),
+                                     1.0, float(step.drafted > 0)))
+            self.observations.record(method, kind or "chat", seen, prompt_tokens,
+                                     sum(len(s.tokens) for s in steps))
+        if self.calibration is not None:
+            if policy is not None and policy.t1 is not None:
+                step_s = {} if policy.draft_cost is None else {method: policy.draft_cost}
+                self.calibration = self.calibration.fold(t1=policy.t1, ratios=policy.ratio,
+                                                         step=step_s)
+            elif method == "off":
+                plain = sorted(s.verify_s for s in steps if s.forwarded)
+                if plain:
+                    self.calibration = self.calibration.fold(t1=plain[len(plain) // 2])
+        self._save()
 
     def _cold(self) -> tuple[ModelRunner, dict[str, Drafter]]:
         """Copies of the target's runner and of the drafter table with every cache empty;
@@ -490,6 +606,7 @@ class ChatEngine:
         cancel: threading.Event | None,
         answer_prefix: tuple[int, ...] = (),
         cold: bool = False,
+        kind: str | None = None,
     ) -> Generator[Event, None, None]:
         adaptive = k == ADAPTIVE and method != "off"
         recorder = StatsRecorder(method, method != "off", len(prompt), adaptive=adaptive)
@@ -505,17 +622,20 @@ class ChatEngine:
             return
         detok = IncrementalDetokenizer(self.target.tokenizer, answer_prefix)
         text = TextAssembler(stop)
+        policy = self._policy(method) if adaptive else None
+        seen: list[Step] = []
         steps = decode(
             runner, prompt, params=params, max_new_tokens=max_tokens,
             max_context=self.target.max_context, stop_ids=self.target.eos_ids,
             drafter=None if method == "off" else drafters[method],
             num_draft_tokens=k if isinstance(k, int) else MAX_ADAPTIVE,
-            policy=self._policy(method) if adaptive else None, cancel=cancel,
+            policy=policy, cancel=cancel,
             first_token_first=True,
         )
         finish = "length"
         for step in steps:
             recorder.record(step)
+            seen.append(step)
             for token, flag in zip(step.tokens, step.from_draft, strict=True):
                 text.add(detok.add(token), flag)
             if step.finish_reason is not None:
@@ -533,4 +653,5 @@ class ChatEngine:
         if isinstance(suffix, SuffixDrafter) and not cold:
             suffix.add_document(detok.ids)
         new_ids = tuple(detok.ids[len(answer_prefix):])
+        self._learn(method, kind, seen, len(prompt) - recorder.cached_tokens, policy)
         yield Completion(text.text, finish, new_ids, recorder.finish())

@@ -7,7 +7,7 @@ import pytest
 from engine.decoding import decode
 from engine.drafters import Draft
 from engine.drafters.ngram import NgramDrafter
-from engine.policy import DraftPolicy, choose_gamma, expected_tokens
+from engine.policy import PROBE_SHARE, DraftPolicy, choose_gamma, expected_tokens
 from engine.runner import ModelRunner
 from engine.sampling import SamplingParams
 from tests.tiny import tiny_model
@@ -162,3 +162,81 @@ def test_adaptive_decoding_stays_identical_and_switches_off(
     tokens, steps = run(SlowWrongDrafter(clock), DraftPolicy())
     assert tokens == plain
     assert sum(s.auto_off for s in steps) > 10
+
+
+ZEN5 = {2: 1.08, 3: 1.43, 4: 1.67, 5: 2.06, 8: 3.21}  # t(k)/t(1), machines-measured.md
+
+
+def ratio(k: int) -> float:
+    """t(k)/t(1) on the Zen 5 machine, linear between and beyond the measured sizes."""
+    points = sorted([(1, 1.0), *ZEN5.items()])
+    for (k0, r0), (k1, r1) in itertools.pairwise(points):
+        if k <= k1:
+            return r0 + (r1 - r0) * (k - k0) / (k1 - k0)
+    (k0, r0), (k1, r1) = points[-2:]
+    return r1 + (r1 - r0) * (k - k1) / (k1 - k0)
+
+
+def simulate(policy: DraftPolicy, passes: int, accepts: bool, step: float,
+             catch_up_cost: float = 0.0) -> tuple[list[int], float, int]:
+    """Run ``passes`` passes at t(1) = 1 s: a drafter whose drafts are all accepted or all
+    rejected, ``step`` s a draft step, and ``catch_up_cost`` s per token it skipped (a
+    model drafter reading what the plain passes produced). Returns the draft lengths, the
+    seconds spent and the tokens produced."""
+    gammas, seconds, tokens, skipped = [], 0.0, 0, 0
+    for _ in range(passes):
+        gamma = policy.next_gamma(room=10_000)
+        gammas.append(gamma)
+        if gamma == 0:
+            skipped += 1
+            policy.update(0, 0, 0.0, 1.0)
+            seconds, tokens = seconds + 1.0, tokens + 1
+            continue
+        accepted = gamma if accepts else 0
+        draft_s = gamma * step + skipped * catch_up_cost
+        verify_s = ratio(gamma + 1)
+        policy.update(gamma, accepted, draft_s, verify_s, catch_up=skipped + 1)
+        skipped = 0
+        seconds, tokens = seconds + draft_s + verify_s, tokens + accepted + 1
+    return gammas, seconds, tokens
+
+
+def calibrated(step: float) -> DraftPolicy:
+    return DraftPolicy.calibrated(1.0, {k: ratio(k) for k in range(2, 17)}, step, max_gamma=15)
+
+
+def test_a_calibrated_policy_drafts_from_its_first_pass() -> None:
+    gammas, _, _ = simulate(calibrated(0.01), 3, accepts=True, step=0.01)
+    assert all(g > 0 for g in gammas)  # no pass spent measuring t(1) or the step
+
+
+@pytest.mark.parametrize("history", [0, 200])
+def test_a_drafter_that_stops_paying_is_switched_off_within_four_passes(history: int) -> None:
+    policy = calibrated(0.3)
+    simulate(policy, history, accepts=True, step=0.3)  # however long it was accepted before
+    policy.new_answer()
+    gammas, _, _ = simulate(policy, 8, accepts=False, step=0.3)
+    assert 0 in gammas[:4], gammas
+    assert max(gammas) >= (1 if history == 0 else 2)  # it did draft before switching off
+
+
+@pytest.mark.parametrize("catch_up_cost", [0.0, 0.005, 0.05])
+def test_probing_a_drafter_that_never_pays_costs_under_two_percent(
+        catch_up_cost: float) -> None:
+    policy = calibrated(0.3)
+    gammas, seconds, tokens = simulate(policy, 4000, accepts=False, step=0.3,
+                                       catch_up_cost=catch_up_cost)
+    plain = tokens * 1.0  # what plain decoding takes for the same tokens
+    assert seconds <= 1.02 * plain
+    probes = sum(g > 0 for g in gammas[100:])
+    if catch_up_cost < PROBE_SHARE:
+        assert probes >= 5  # it keeps probing all the same
+    else:  # re-reading the skipped text alone would cost more: no probe until next answer
+        assert probes == 0
+
+
+def test_a_probe_that_is_accepted_brings_drafting_back() -> None:
+    policy = calibrated(0.05)
+    simulate(policy, 300, accepts=False, step=0.05)
+    gammas, _, _ = simulate(policy, 400, accepts=True, step=0.05)
+    assert gammas[-20:].count(0) == 0

@@ -50,10 +50,13 @@ def test_methods_give_identical_greedy_answers_with_stats(engine: ChatEngine) ->
         assert s.time_to_first_token_s is not None and s.tokens_per_second
 
 
-def test_engines_start_with_ngram_lookup_unless_told_otherwise(engine: ChatEngine) -> None:
-    assert engine.method == "ngram" and "draft" in engine.methods
+def test_engines_start_on_auto_which_runs_ngram_before_any_calibration(
+        engine: ChatEngine) -> None:
+    assert engine.method == "auto" and "draft" in engine.methods
+    assert engine.calibration is None
     _, done = answer(engine, max_tokens=8)
     assert done.stats.method == "ngram"
+    assert engine.last_choice is not None and "not measured" in engine.last_choice.reason
     chosen = ChatEngine(engine.target, engine.draft, method="draft")
     assert chosen.method == "draft"
 

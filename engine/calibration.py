@@ -1,0 +1,509 @@
+"""The machine's own costs, and the drafting method they predict to be fastest.
+
+Contract:
+
+* :class:`Calibration` is a pure, immutable record of measured figures: ``t1`` (seconds
+  of a target forward over one new token after a warm cache), ``ratios`` (``t(k) / t(1)``
+  for k = 2..16), and per drafter its draft step cost and its own prompt reading cost
+  per token, both as fractions of ``t1`` (a slow spell of the shared machine moves them
+  alike). It is keyed by the machine (:func:`machine_identity`: CPU model, a hash of its
+  flags, the native kernel variant) and the model files (:func:`model_identity`: name,
+  size, modification time). :meth:`Calibration.fold` returns it with live figures mixed
+  in (weight ``LIVE_WEIGHT`` per answer), so it follows the machine's speed.
+* :func:`measure` is a generator: each ``next()`` runs one short slice (one forward of
+  the target or one drafter call), so the worker's engine thread can give way to an
+  answer between slices; it returns the :class:`Calibration` after about ``budget_s``
+  seconds of work (at least one round of every size).
+* :class:`Observations` holds the acceptance each method showed per kind of prompt
+  (:func:`classify`: ``code``, ``editing``, ``summary``, ``chat``; a simple rule on the
+  last question's text, since nothing upstream labels prompts) and the prompt and answer
+  lengths per kind.
+* :func:`predict` and :func:`choose` are pure functions of those figures: the predicted
+  speed of each loaded method relative to plain decoding (the adaptive policy's model,
+  :mod:`engine.policy`, with the drafter's prompt reading spread over the answer), and
+  the best one with a sentence saying why ("ngram: 1.20× predicted on this machine;
+  draft model: 0.90×").
+* :class:`CalibrationCache` keeps calibrations and observations in one JSON file in the
+  data directory; a file that cannot be read is ignored (and rewritten).
+
+Priors, used only where nothing was measured yet: an acceptance of
+``DraftPolicy.alpha_prior`` with the weight of one draft token, every asked draft found
+(coverage 1), and an answer as long as its new prompt.
+"""
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import platform
+import re
+import time
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from engine.policy import DraftPolicy, expected_tokens
+
+log = logging.getLogger(__name__)
+
+MAX_K = 16  # t(k) is measured for k = 1..MAX_K
+CONTEXT = 128  # tokens in the cache the measured forwards continue
+LIVE_WEIGHT = 0.2  # share of a calibration one answer's live figures replace
+OBSERVED_DECAY = 0.98  # per answer, for the acceptance evidence of a method and kind
+OTHER_KINDS = 0.25  # weight of a method's evidence on other kinds of prompt
+KINDS = ("code", "editing", "summary", "chat")
+VERSION = 1
+
+_CODE = re.compile(r"```|^\s*(def |class |import |from \S+ import |#include|function |public |"
+                   r"fn |SELECT |<\w+[ >])", re.MULTILINE)
+_COMPLETE = re.compile(r"\b(complete|finish|implement|continue)\b", re.IGNORECASE)
+_EDIT = re.compile(r"\b(add|rewrite|change|fix|make|refactor|update|rename|remove|convert|"
+                   r"modify|edit|improve|replace|translate)\b", re.IGNORECASE)
+_SUMMARY = re.compile(r"\b(summar\w*|minutes|list the|extract|quote|quoting|tl;dr|key points)\b",
+                      re.IGNORECASE)
+DOCUMENT_CHARS = 400  # a question this long that asks for a summary quotes a document
+
+
+def classify(text: str) -> str:
+    """The kind of a question: ``code`` (write or complete code), ``editing`` (change the
+    code it quotes), ``summary`` (a document to summarise or quote from) or ``chat``."""
+    if _CODE.search(text):
+        head = text.split("\n", 1)[0]
+        if _COMPLETE.search(head) or not _EDIT.search(head):
+            return "code"
+        return "editing"
+    if len(text) >= DOCUMENT_CHARS and _SUMMARY.search(text):
+        return "summary"
+    return "chat"
+
+
+# --- identity -------------------------------------------------------------------------
+
+
+def machine_identity() -> dict[str, str]:
+    """CPU model, a hash of its feature flags and the native kernel variant (if any)."""
+    fields: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            name, _, value = line.partition(":")
+            fields.setdefault(name.strip(), value.strip())
+    cpu = fields.get("model name") or platform.processor() or platform.machine()
+    flags = " ".join(sorted(fields.get("flags", "").split()))
+    identity = {"cpu": cpu, "flags": hashlib.sha256(flags.encode()).hexdigest()[:12],
+                "threads": str(os.cpu_count() or 0)}
+    try:
+        from engine import kernels
+
+        variant = getattr(kernels, "variant", None)
+        if variant is not None:
+            identity["kernels"] = str(variant() or "none")
+    except Exception:  # the kernels module failing to load must not stop a worker
+        log.debug("no kernel variant for the calibration key", exc_info=True)
+    return identity
+
+
+def file_identity(path: Path | None) -> str:
+    """Name, size and modification time of a model file, or ``-``."""
+    if path is None:
+        return "-"
+    try:
+        stat = path.stat()
+    except OSError:
+        return f"{path.name}:missing"
+    return f"{path.name}:{stat.st_size}:{int(stat.st_mtime)}"
+
+
+def model_identity(models: Iterable[Any]) -> list[str]:
+    """One line per loaded model (``LoadedModel``): name, accel mode, file identity."""
+    return [f"{m.name}|{getattr(m, 'accel', '')}|{getattr(m, 'sha256', None) or ''}|"
+            f"{file_identity(getattr(m, 'gguf', None))}" for m in models if m is not None]
+
+
+def cache_key(machine: Mapping[str, str], models: Sequence[str]) -> str:
+    blob = json.dumps({"machine": dict(machine), "models": list(models)}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+# --- the measured figures -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Measured costs on one machine with one set of models (see the module)."""
+
+    key: str
+    t1: float
+    ratios: Mapping[int, float]
+    step: Mapping[str, float] = field(default_factory=dict)  # drafter -> step / t1
+    read: Mapping[str, float] = field(default_factory=dict)  # drafter -> s per token / t1
+    measured_at: float = 0.0
+    source: str = "measured"  # "measured", "cache", or "live" once answers folded in
+    answers: int = 0  # answers folded in since it was measured
+
+    def ratio_at(self, k: int) -> float:
+        """``t(k) / t(1)``: measured, else linear between (or beyond) measured sizes."""
+        if k <= 1:
+            return 1.0
+        if k in self.ratios:
+            return self.ratios[k]
+        points = sorted([(1, 1.0), *self.ratios.items()])
+        lo = max(p for p in points if p[0] < k)
+        hi = min((p for p in points if p[0] > k), default=None)
+        if hi is None:
+            if len(points) < 2:
+                return 1.0
+            lo, hi = points[-2], points[-1]
+        return lo[1] + max(0.0, hi[1] - lo[1]) * (k - lo[0]) / (hi[0] - lo[0])
+
+    def verify_cost(self, k: int) -> float:
+        return self.t1 * self.ratio_at(k)
+
+    def step_s(self, drafter: str) -> float | None:
+        share = self.step.get(drafter)
+        return None if share is None else share * self.t1
+
+    def fold(self, *, t1: float | None = None, ratios: Mapping[int, float] | None = None,
+             step: Mapping[str, float] | None = None, weight: float = LIVE_WEIGHT
+             ) -> "Calibration":
+        """This calibration with one answer's live figures mixed in: ``t1`` seconds,
+        ``ratios`` t(k)/t(1) and ``step`` (drafter -> seconds per draft step)."""
+        new_t1 = self.t1 if t1 is None or t1 <= 0 else (1 - weight) * self.t1 + weight * t1
+        mixed = dict(self.ratios)
+        for k, r in (ratios or {}).items():
+            if 2 <= k <= MAX_K and r > 0:
+                mixed[k] = r if k not in mixed else (1 - weight) * mixed[k] + weight * r
+        steps = dict(self.step)
+        for name, seconds in (step or {}).items():
+            if seconds is not None and seconds >= 0:
+                share = seconds / new_t1
+                steps[name] = share if name not in steps else (
+                    (1 - weight) * steps[name] + weight * share)
+        return replace(self, t1=new_t1, ratios=mixed, step=steps, source="live",
+                       answers=self.answers + 1)
+
+    def policy(self, drafter: str, max_gamma: int) -> DraftPolicy:
+        """An adaptive policy starting from these figures for ``drafter``."""
+        ratios = {k: r for k, r in self.ratios.items() if k <= max_gamma + 1}
+        return DraftPolicy.calibrated(self.t1, ratios, self.step_s(drafter), max_gamma)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["ratios"] = {str(k): v for k, v in self.ratios.items()}
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Calibration":
+        ratios = {int(k): float(v) for k, v in dict(data["ratios"]).items()}
+        return cls(str(data["key"]), float(data["t1"]), ratios,
+                   {str(k): float(v) for k, v in dict(data.get("step", {})).items()},
+                   {str(k): float(v) for k, v in dict(data.get("read", {})).items()},
+                   float(data.get("measured_at", 0.0)), "cache", int(data.get("answers", 0)))
+
+    def summary(self) -> dict[str, Any]:
+        """The figures as the worker reports them (milliseconds and ratios)."""
+        return {"t1_ms": round(self.t1 * 1000, 3),
+                "ratios": {str(k): round(self.ratio_at(k), 3) for k in range(2, MAX_K + 1)},
+                "step": {k: round(v, 4) for k, v in self.step.items()},
+                "read_per_token": {k: round(v, 4) for k, v in self.read.items()},
+                "measured_at": self.measured_at, "source": self.source,
+                "answers_folded": self.answers}
+
+
+# --- measuring ------------------------------------------------------------------------
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def measure(target: Any, drafters: Mapping[str, Any], key: str, budget_s: float = 4.0,
+            clock: Callable[[], float] = time.perf_counter, max_rounds: int = 5,
+            ) -> Generator[None, None, Calibration]:
+    """Measure the target's t(k), k = 1..16, and each drafter's step and prompt reading
+    costs, one short slice per ``next()`` (see the module). ``target``: a loaded model
+    (``LoadedModel.model``); ``drafters``: name -> drafter (``engine.drafters``). The
+    drafters' state is reset afterwards where they can be."""
+    import torch
+
+    from engine.runner import ModelRunner
+    from engine.sampling import SamplingParams
+
+    start = clock()
+    vocab = int(target.config.vocab_size)
+    runner = ModelRunner(target)
+    context = [(100 + i % 24) % vocab for i in range(CONTEXT)]  # repeats: lookups find drafts
+    runner.sync(context)
+    yield
+    times: dict[int, list[float]] = {k: [] for k in range(1, MAX_K + 1)}
+    for round_ in range(max_rounds + 1):
+        for k in range(1, MAX_K + 1):
+            began = clock()
+            runner.forward([(300 + i) % vocab for i in range(k)], rows=k)
+            if round_:  # the first round warms up
+                times[k].append(clock() - began)
+            runner.truncate(len(context))
+            yield
+        if round_ and clock() - start > budget_s * 0.75:
+            break
+    t1 = _median(times[1])
+    ratios = {k: _median(t) / t1 for k, t in times.items() if k > 1}
+    step: dict[str, float] = {}
+    read: dict[str, float] = {}
+    params, generator = SamplingParams(), torch.Generator().manual_seed(0)
+    features = None
+    if any(getattr(d, "wants_hidden", False) for d in drafters.values()):
+        seeing = ModelRunner(target)
+        seeing.keep_hidden(True)
+        seeing.sync(context[:-1])
+        features = seeing.hidden
+        yield
+    for name, drafter in drafters.items():
+        try:
+            if getattr(drafter, "wants_hidden", False):
+                drafter.observe_hidden(features)
+            prefill = getattr(drafter, "prefill", None)
+            if prefill is not None:
+                began = clock()
+                prefill(context)
+                read[name] = (clock() - began) / (len(context) - 1) / t1
+                yield
+            per_step = []
+            for _ in range(3):
+                began = clock()
+                draft = drafter.propose(context, 4, params, generator)
+                per_step.append((clock() - began) / max(1, draft.depth))
+                yield
+            step[name] = _median(per_step) / t1
+        except Exception:  # one drafter failing leaves the others' figures
+            log.exception("measuring the %s drafter failed", name)
+        with contextlib.suppress(Exception):
+            reset = getattr(drafter, "reset", None)
+            if reset is not None:
+                reset()
+    return Calibration(key, t1, ratios, step, read, time.time(), "measured")
+
+
+# --- what the methods showed ------------------------------------------------------------
+
+
+@dataclass
+class Seen:
+    """Decayed evidence of one method on one kind of prompt."""
+
+    accepted: float = 0.0  # draft tokens kept
+    rejected: float = 0.0  # draft passes that ended on a rejected token
+    asked: float = 0.0  # passes that asked the drafter for a draft
+    found: float = 0.0  # of those, passes that got one
+    answers: float = 0.0
+
+    def add(self, other: "Seen", weight: float = 1.0) -> "Seen":
+        return Seen(*(a + weight * b for a, b in zip(astuple(self), astuple(other),
+                                                    strict=True)))
+
+    def decayed(self, factor: float) -> "Seen":
+        return Seen(*(factor * a for a in astuple(self)))
+
+
+def astuple(seen: Seen) -> tuple[float, ...]:
+    return (seen.accepted, seen.rejected, seen.asked, seen.found, seen.answers)
+
+
+@dataclass
+class Lengths:
+    """Decayed sums of the new prompt tokens and answer tokens of one kind."""
+
+    prompt: float = 0.0
+    answer: float = 0.0
+    answers: float = 0.0
+
+
+@dataclass
+class Observations:
+    """Per method and kind what answers showed (see the module); engine thread only."""
+
+    seen: dict[str, dict[str, Seen]] = field(default_factory=dict)
+    lengths: dict[str, Lengths] = field(default_factory=dict)
+
+    def record(self, method: str, kind: str, answer: Seen, prompt_tokens: int,
+               answer_tokens: int) -> None:
+        kinds = self.seen.setdefault(method, {})
+        kinds[kind] = kinds.get(kind, Seen()).decayed(OBSERVED_DECAY).add(answer)
+        old = self.lengths.get(kind, Lengths())
+        self.lengths[kind] = Lengths(OBSERVED_DECAY * old.prompt + prompt_tokens,
+                                     OBSERVED_DECAY * old.answer + answer_tokens,
+                                     OBSERVED_DECAY * old.answers + 1)
+
+    def forget(self, method: str) -> None:
+        self.seen.pop(method, None)
+
+    def evidence(self, method: str, kind: str | None) -> Seen:
+        """The kind's own evidence plus ``OTHER_KINDS`` of the method's other kinds."""
+        total = Seen()
+        for name, seen in self.seen.get(method, {}).items():
+            total = total.add(seen, 1.0 if kind in (None, name) else OTHER_KINDS)
+        return total
+
+    def typical(self, kind: str | None) -> tuple[float, float]:
+        """Mean new prompt tokens and answer tokens of a kind (prior: equal lengths)."""
+        found = [v for k, v in self.lengths.items() if kind in (None, k)]
+        answers = sum(v.answers for v in found)
+        if answers <= 0:
+            return 1.0, 1.0
+        return (sum(v.prompt for v in found) / answers,
+                max(1.0, sum(v.answer for v in found) / answers))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seen": {m: {k: asdict(s) for k, s in kinds.items()}
+                         for m, kinds in self.seen.items()},
+                "lengths": {k: asdict(v) for k, v in self.lengths.items()}}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Observations":
+        seen = {str(m): {str(k): Seen(**s) for k, s in dict(kinds).items()}
+                for m, kinds in dict(data.get("seen", {})).items()}
+        lengths = {str(k): Lengths(**v) for k, v in dict(data.get("lengths", {})).items()}
+        return cls(seen, lengths)
+
+
+# --- predicting and choosing ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A method's predicted speed relative to plain decoding, and what it rests on."""
+
+    method: str
+    speedup: float
+    alpha: float
+    coverage: float
+    draft_length: int
+    step: float | None  # draft step / t(1)
+    read: float  # the drafter's prompt reading per token / t(1)
+    evidence: float  # draft tokens examined (accepted + rejections) behind alpha
+
+    def to_json(self) -> dict[str, Any]:
+        return {"method": self.method, "speedup": round(self.speedup, 3),
+                "alpha": round(self.alpha, 3), "coverage": round(self.coverage, 3),
+                "draft_length": self.draft_length,
+                "step": None if self.step is None else round(self.step, 4),
+                "read_per_token": round(self.read, 4), "evidence": round(self.evidence, 1)}
+
+
+def pass_speedup(alpha: float, coverage: float, step: float, ratio_at: Callable[[int], float],
+                 max_gamma: int) -> tuple[float, int]:
+    """Best speed of adaptive drafting relative to plain (at least 1: the policy drafts
+    nothing when nothing pays) and its draft length. Costs are in units of t(1); a pass
+    that asks for a draft gets one with chance ``coverage`` (lookups find none at times)
+    and pays ``step`` either way."""
+    best, best_gamma = 1.0, 0
+    for gamma in range(1, max_gamma + 1):
+        tokens = coverage * expected_tokens(alpha, gamma) + (1 - coverage)
+        cost = (coverage * (step * (gamma + alpha**gamma) + ratio_at(gamma + 1))
+                + (1 - coverage) * (1 + step))
+        if tokens / cost > best * 1.02:
+            best, best_gamma = tokens / cost, gamma
+    return best, best_gamma
+
+
+def predict(calibration: Calibration, observations: Observations, methods: Iterable[str],
+            kind: str | None, max_gamma: int, alpha_prior: float = DraftPolicy.alpha_prior,
+            ) -> list[Prediction]:
+    """Predicted speed of each method (``off`` is left out) on ``kind``, best first."""
+    prompt, answer = observations.typical(kind)
+    out = []
+    for method in methods:
+        if method in ("off", "auto"):
+            continue
+        step = calibration.step.get(method)
+        seen = observations.evidence(method, kind)
+        a = seen.accepted + alpha_prior
+        alpha = a / (a + seen.rejected + 1 - alpha_prior)
+        coverage = (seen.found + 1) / (seen.asked + 1)
+        read = calibration.read.get(method, 0.0)
+        speed, gamma = pass_speedup(alpha, coverage, step or 0.0, calibration.ratio_at,
+                                    max_gamma)
+        # an answer of `answer` tokens, the drafter reading `prompt` new tokens first
+        speedup = answer / (answer / speed + prompt * read)
+        out.append(Prediction(method, speedup, alpha, coverage, gamma, step, read,
+                              seen.accepted + seen.rejected))
+    return sorted(out, key=lambda p: -p.speedup)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The method ``auto`` runs for a kind of prompt, and why."""
+
+    method: str
+    reason: str
+    kind: str | None
+    predictions: tuple[Prediction, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"method": self.method, "reason": self.reason, "kind": self.kind,
+                "predictions": [p.to_json() for p in self.predictions]}
+
+
+NAMES = {"draft": "draft model", "eagle": "EAGLE head", "hybrid": "hybrid"}
+
+
+def choose(predictions: Sequence[Prediction], kind: str | None = None,
+           fallback: str = "ngram") -> Choice:
+    """The best predicted method, or ``off`` when none is predicted faster than plain
+    decoding; with no predictions (nothing measured yet) ``fallback``."""
+    if not predictions:
+        return Choice(fallback, f"{fallback}: not measured on this machine yet", kind)
+    ordered = sorted(predictions, key=lambda p: -p.speedup)
+    parts = "; ".join(f"{NAMES.get(p.method, p.method)}: {p.speedup:.2f}×" for p in ordered)
+    best = ordered[0]
+    if best.speedup < 1.01:
+        return Choice("off", f"plain decoding: no method predicted faster ({parts})", kind,
+                      tuple(ordered))
+    first, *rest = parts.split("; ", 1)
+    reason = f"{first} predicted on this machine" + (f"; {rest[0]}" if rest else "")
+    return Choice(best.method, reason, kind, tuple(ordered))
+
+
+# --- the cache file ---------------------------------------------------------------------
+
+
+class CalibrationCache:
+    """Calibrations and observations by key in one JSON file (``calibration.json``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) and data.get("version") == VERSION else {}
+
+    def load(self, key: str) -> tuple[Calibration | None, Observations]:
+        entry = self._read().get("entries", {}).get(key)
+        if not isinstance(entry, dict):
+            return None, Observations()
+        try:
+            calibration = (None if entry.get("calibration") is None
+                           else Calibration.from_json(entry["calibration"]))
+            return calibration, Observations.from_json(entry.get("observations", {}))
+        except (KeyError, TypeError, ValueError):
+            log.warning("ignoring an unreadable calibration in %s", self.path)
+            return None, Observations()
+
+    def save(self, key: str, calibration: Calibration | None,
+             observations: Observations) -> None:
+        data = self._read() or {"version": VERSION, "entries": {}}
+        data["entries"][key] = {
+            "calibration": None if calibration is None else calibration.to_json(),
+            "observations": observations.to_json(), "saved_at": time.time()}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            log.warning("could not save the calibration to %s: %s", self.path, exc)

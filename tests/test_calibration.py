@@ -1,0 +1,181 @@
+"""Calibration and the automatic method: pure functions of measured figures (synthetic
+costs, a test clock; nothing here is timed)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engine.calibration import (
+    KINDS,
+    MAX_K,
+    Calibration,
+    CalibrationCache,
+    Observations,
+    Seen,
+    cache_key,
+    choose,
+    classify,
+    measure,
+    predict,
+)
+from engine.drafters.ngram import NgramDrafter
+from engine.drafters.suffix import SuffixDrafter
+from engine.session import ChatEngine
+from tests.tiny import tiny_loaded, tiny_model
+
+BENCH = Path(__file__).resolve().parent.parent / "assets" / "bench" / "prompts.json"
+BENCH_KINDS = {"code completion": "code", "code editing": "editing", "summary": "summary",
+               "free chat": "chat"}
+# t(k)/t(1) as measured on the Zen 5 machine (machines-measured.md), interpolated
+ZEN5 = {2: 1.08, 3: 1.43, 4: 1.67, 5: 2.06, 8: 3.21}
+
+
+def calibration(step: dict[str, float], read: dict[str, float] | None = None,
+                ratios: dict[int, float] | None = None) -> Calibration:
+    return Calibration("k", 0.05, ratios or ZEN5, step, read or {})
+
+
+def seen(accepted: float, rejected: float, asked: float = 0.0, found: float = 0.0) -> Seen:
+    return Seen(accepted, rejected, asked or accepted + rejected, found or asked or
+                accepted + rejected, 1.0)
+
+
+def test_the_bench_prompts_are_classified_as_their_kind() -> None:
+    prompts = json.loads(BENCH.read_text())["prompts"]
+    assert [classify(p["prompt"]) for p in prompts] == [BENCH_KINDS[p["kind"]] for p in prompts]
+    assert set(BENCH_KINDS.values()) == set(KINDS)
+
+
+def test_ratios_interpolate_between_and_beyond_measured_sizes() -> None:
+    cal = calibration({})
+    assert cal.ratio_at(1) == 1.0 and cal.ratio_at(4) == 1.67
+    assert cal.ratio_at(6) == pytest.approx(2.06 + (3.21 - 2.06) / 3)
+    assert cal.ratio_at(10) == pytest.approx(3.21 + 2 * (3.21 - 2.06) / 3)  # the last slope
+    assert cal.verify_cost(5) == pytest.approx(0.05 * 2.06)
+
+
+def test_live_figures_fold_in_with_a_bounded_weight() -> None:
+    cal = calibration({"ngram": 0.01})
+    slower = cal.fold(t1=0.1, ratios={4: 2.0, 40: 9.0}, step={"ngram": 0.002, "draft": 0.02},
+                      weight=0.5)
+    assert slower.t1 == pytest.approx(0.075) and slower.source == "live"
+    assert slower.ratios[4] == pytest.approx((1.67 + 2.0) / 2) and 40 not in slower.ratios
+    assert slower.step["ngram"] == pytest.approx((0.01 + 0.002 / 0.075) / 2)
+    assert slower.step["draft"] == pytest.approx(0.02 / 0.075)  # first seen: taken as is
+    assert cal.t1 == 0.05  # the original is unchanged
+    again = Calibration.from_json(json.loads(json.dumps(slower.to_json())))
+    assert (again.t1, dict(again.ratios), dict(again.step)) == (
+        slower.t1, dict(slower.ratios), dict(slower.step))
+
+
+def test_a_cheap_well_accepted_lookup_beats_a_draft_model_that_reads_the_prompt() -> None:
+    cal = calibration({"ngram": 0.002, "draft": 0.28}, {"draft": 0.05})
+    observed = Observations()
+    observed.record("ngram", "summary", seen(60, 20, asked=40, found=30), 600, 128)
+    observed.record("draft", "summary", seen(80, 20), 600, 128)
+    predictions = predict(cal, observed, ["off", "ngram", "draft"], "summary", 15)
+    assert [p.method for p in predictions] == ["ngram", "draft"]
+    ngram, draft = predictions
+    assert ngram.speedup > 1.1 and ngram.coverage == pytest.approx(31 / 41)
+    assert draft.speedup < ngram.speedup and draft.read == 0.05
+    choice = choose(predictions, "summary")
+    assert choice.method == "ngram"
+    assert choice.reason == (f"ngram: {ngram.speedup:.2f}× predicted on this machine; "
+                             f"draft model: {draft.speedup:.2f}×")
+
+
+def test_auto_picks_plain_decoding_when_no_method_is_predicted_faster() -> None:
+    cal = calibration({"draft": 0.4}, {"draft": 0.1})
+    observed = Observations()
+    observed.record("draft", "chat", seen(2, 20), 50, 100)
+    choice = choose(predict(cal, observed, ["draft"], "chat", 15), "chat")
+    assert choice.method == "off" and choice.reason.startswith("plain decoding")
+    assert choose((), "chat").method == "ngram"  # nothing measured yet: the fallback
+
+
+def test_the_choice_follows_the_kind_of_prompt() -> None:
+    cal = calibration({"ngram": 0.002, "eagle": 0.07}, {"eagle": 0.01})
+    observed = Observations()
+    for _ in range(5):
+        observed.record("ngram", "summary", seen(90, 10), 600, 128)
+        observed.record("ngram", "chat", seen(1, 30, asked=100, found=30), 20, 200)
+        observed.record("eagle", "summary", seen(30, 30), 600, 128)
+        observed.record("eagle", "chat", seen(150, 50), 20, 200)
+    pick = {kind: choose(predict(cal, observed, ["ngram", "eagle"], kind, 15)).method
+            for kind in ("summary", "chat")}
+    assert pick == {"summary": "ngram", "chat": "eagle"}
+
+
+def test_a_method_never_seen_on_a_kind_borrows_a_quarter_of_its_other_evidence() -> None:
+    observed = Observations()
+    observed.record("ngram", "code", seen(40, 0), 100, 100)
+    assert observed.evidence("ngram", "chat").accepted == pytest.approx(10)
+    assert observed.evidence("ngram", "code").accepted == pytest.approx(40)
+    assert observed.typical("code") == (100, 100) and observed.typical("chat") == (1.0, 1.0)
+
+
+class TickClock:
+    """Each reading is a millisecond after the one before: costs without timing."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 0.001
+        return self.now
+
+
+def test_measuring_runs_in_slices_and_covers_every_size_and_drafter() -> None:
+    target = tiny_model("llama", vocab_size=64, seed=1)
+    drafters = {"ngram": NgramDrafter(), "suffix": SuffixDrafter([])}
+    work = measure(target, drafters, "key", budget_s=0.0, clock=TickClock())
+    slices = 0
+    while True:
+        try:
+            next(work)
+        except StopIteration as done:
+            cal = done.value
+            break
+        slices += 1
+    assert slices > 2 * MAX_K  # a warm-up round and a measured one, a forward a slice
+    assert isinstance(cal, Calibration) and cal.key == "key"
+    assert sorted(cal.ratios) == list(range(2, MAX_K + 1))
+    assert cal.ratios[2] == pytest.approx(1.0)  # every forward takes one tick here
+    assert set(cal.step) == {"ngram", "suffix"} and cal.read == {}
+
+
+def test_the_cache_keeps_entries_by_machine_and_models(tmp_path: Path) -> None:
+    path = tmp_path / "calibration.json"
+    cache = CalibrationCache(path)
+    observed = Observations()
+    observed.record("ngram", "code", seen(3, 1), 10, 20)
+    cache.save("a", calibration({"ngram": 0.01}), observed)
+    cache.save("b", None, Observations())
+    loaded, seen_again = cache.load("a")
+    assert loaded is not None and loaded.source == "cache" and loaded.step == {"ngram": 0.01}
+    assert seen_again.evidence("ngram", "code").accepted == 3
+    assert cache.load("b")[0] is None and cache.load("c")[0] is None
+    path.write_text("{not json")
+    assert cache.load("a")[0] is None
+    assert cache_key({"cpu": "x"}, ["m"]) != cache_key({"cpu": "y"}, ["m"])
+
+
+def test_an_engine_calibrates_once_then_reads_its_cache(tmp_path: Path) -> None:
+    target = tiny_loaded("tiny-target", seed=1, scale=4.0)
+    draft = tiny_loaded("tiny-draft", seed=2, scale=4.0)
+    engine = ChatEngine(target, draft)
+    path = tmp_path / "calibration.json"
+    work = engine.calibrate(path, budget_s=0.0)
+    assert sum(1 for _ in work) > 0 and engine.calibration is not None
+    assert {"draft", "ngram", "suffix", "hybrid"} <= set(engine.calibration.step)
+    assert "draft" in engine.calibration.read
+    events = list(engine.generate([{"role": "user", "content": "Say hi"}], max_tokens=6))
+    assert engine.last_choice is not None and engine.last_choice.predictions
+    assert events[-1].stats.method == engine.last_choice.method  # type: ignore[union-attr]
+    report = engine.speculation_report()
+    assert set(report["kinds"]) == set(KINDS) and report["calibration"]["t1_ms"] > 0
+    again = ChatEngine(target, draft)
+    assert list(again.calibrate(path)) == []  # read from the cache: no measuring
+    assert again.calibration is not None and again.calibration.source == "cache"
+    assert again.observations.seen  # the answer above was remembered
