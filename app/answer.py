@@ -14,7 +14,8 @@ objects, see ``engine/worker/schema.py``) in order with the time they arrived an
 * the drafting method the worker runs the answer with (``anve.method`` of the first
   chunk; the footer names it from the first token on, never "unknown") and how many
   earlier messages a rolling context window left out (``anve.context_window``),
-* the worker's measured :class:`AnswerStats` once the final chunk arrives,
+* the worker's measured :class:`AnswerStats` once the final chunk arrives (with the
+  answer's end-to-end ``total_s`` and, for a cold answer, ``cache = "cold"``),
 * and, from any OpenAI-compatible server, the finish reason, ``usage`` and llama.cpp's
   ``timings`` (the client maps them with :mod:`app.engines`).
 
@@ -61,6 +62,7 @@ class AnswerStats:
     accepted_per_position: tuple[int, ...] = ()
     tokens_per_second: float | None = None
     time_to_first_token_s: float | None = None
+    total_s: float | None = None  # the worker's time from the request to the last token
     finish_reason: str | None = None
     estimated: bool = False
     token_ids: tuple[int, ...] | None = None  # the answer's token ids, when the worker sent them
@@ -71,6 +73,7 @@ class AnswerStats:
     prompt_to_read: int = 0  # of these (the part not cached); 0 when not reported
     queue_ahead: int = 0  # while the answer waits its turn: answers before it
     dropped_messages: int = 0  # earlier messages a rolling context window left out
+    cache: str | None = None  # "cold" when the worker confirmed it reused no cache
 
     @classmethod
     def from_final_chunk(cls, chunk: dict[str, Any]) -> "AnswerStats":
@@ -95,9 +98,11 @@ class AnswerStats:
             accepted_per_position=tuple(spec.get("accepted_per_position") or ()),
             tokens_per_second=spec.get("tokens_per_second"),
             time_to_first_token_s=spec.get("time_to_first_token_s"),
+            total_s=spec.get("total_s"),
             finish_reason=choices[0].get("finish_reason"),
             token_ids=None if ids is None else tuple(int(t) for t in ids),
             dropped_messages=dropped_messages(anve.get("context_window")),
+            cache=anve["cache"] if isinstance(anve.get("cache"), str) else None,
         )
 
     def to_dict(self) -> dict[str, Any]:

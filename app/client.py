@@ -130,6 +130,7 @@ class AnswerRequest:
     seed: int | None = None
     continue_answer: bool = False  # the last message is an answer to continue
     context_overflow: str | None = None  # our worker's anve.context_overflow
+    cache: str | None = None  # our worker's anve.cache ("cold": nothing cached is reused)
 
     def body(self, engine: EngineInfo | None = None) -> dict[str, Any]:
         """The request for our worker, or plain OpenAI for a foreign ``engine``."""
@@ -147,8 +148,10 @@ class AnswerRequest:
             return body
         if self.speculation is not None:
             body["speculation"] = self.speculation
-        if self.context_overflow is not None:
-            body["anve"] = {"context_overflow": self.context_overflow}
+        anve = {name: value for name, value in (("context_overflow", self.context_overflow),
+                                                ("cache", self.cache)) if value is not None}
+        if anve:
+            body["anve"] = anve
         return body
 
 

@@ -366,6 +366,11 @@ def test_demo_fills_both_panes_checks_identity_and_is_stored(
     assert run.speculative["stats"]["method"] == "draft"
     assert run.plain["stats"]["method"] == "off"
     assert "Identical" in page.verdict.text()
+    for side in (run.plain, run.speculative):  # both started cold, as the worker confirms
+        assert (side["stats"]["cache"], side["stats"]["cached_tokens"]) == ("cold", 0)
+    assert page.start_note.text().startswith("Both runs started cold")
+    assert "after the first token" in page.details.text()
+    assert "Method: draft model" in page.details.text()
     assert [r.id for r in stored(tmp_path).demo_runs()] == [run.id]
     assert len(app.demo.runs.items) == 1
     page.replay()

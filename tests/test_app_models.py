@@ -87,11 +87,14 @@ def test_recent_answers_keep_the_latest(qtmodeltester: ModelTester) -> None:
 
 def test_demo_runs_newest_first(qtmodeltester: ModelTester) -> None:
     side = {"text": "x", "stats": {}, "timeline": []}
-    old = DemoRun(1, 0.0, "old prompt", "draft", side, side, True, None, 2.0)
+    slow = {"text": "x", "stats": {"completion_tokens": 4, "total_s": 2.0}, "timeline": []}
+    fast = {"text": "x", "stats": {"completion_tokens": 4, "total_s": 1.0}, "timeline": []}
+    old = DemoRun(1, 0.0, "old prompt", "draft", slow, fast, True, None, 2.0)
     new = DemoRun(2, 1.0, "new prompt " * 10, "ngram", side, side, False, 3, None)
     model = DemoRunListModel()
     model.reset([old])
     model.prepend(new)
     qtmodeltester.check(model)
     assert "n-gram lookup" in model.data(model.index(0)) and "outputs differ" in summary(new)
-    assert "2.00× faster" in summary(old) and "identical" in summary(old)
+    assert "2.00× faster" in summary(old) and "identical" in summary(old)  # end to end
+    assert "speed not measured" in summary(new)

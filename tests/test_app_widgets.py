@@ -170,13 +170,13 @@ def demo_page(qtbot: QtBot) -> Iterator[DemoPage]:
 
 
 def test_demo_replays_measured_timings(qtbot: QtBot, demo_page: DemoPage) -> None:
-    slow = {"text": "a b c", "stats": {"tokens_per_second": 10.0},
+    slow = {"text": "a b c", "stats": {"tokens_per_second": 10.0, "completion_tokens": 3},
             "timeline": [[0.05, "a "], [0.15, "b "], [0.3, "c"]]}
-    fast = {"text": "a b c", "stats": {"tokens_per_second": 25.0},
+    fast = {"text": "a b c", "stats": {"tokens_per_second": 25.0, "completion_tokens": 3},
             "timeline": [[0.05, "a b "], [0.12, "c"]]}
     run = DemoRun(1, 0.0, "p", "draft", slow, fast, True, None, 2.5)
     demo_page.show_run(run)
-    assert demo_page.speedup.text() == "2.50× faster"
+    assert demo_page.speedup.text() == "2.50× faster"  # 0.30 s against 0.12 s end to end
     assert "Identical" in demo_page.verdict.text()
     demo_page.replay()
     qtbot.waitUntil(lambda: demo_page.panes["speculative"].text.toPlainText() == "a b c")

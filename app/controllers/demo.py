@@ -3,9 +3,14 @@
 Contract: :meth:`DemoController.run` asks the worker twice, greedy, one after the
 other (never both at once: on one machine they would share the CPU and the timings
 would lie): first with ``speculation: {"method": "off"}``, then with the chosen
-method. Both stream live (:attr:`pane_updated`). When both are done it compares them
-(:func:`app.demo.compare`), computes the speedup from the worker's measured tokens/s,
-stores the run with both timelines (for the replay) and emits :attr:`run_finished`.
+method. Both ask for a cold answer (``anve.cache: "cold"``): each reads the whole
+prompt with nothing cached, and the suffix lookup does not remember either answer, so
+both start from the same state and the speculative run cannot draft from the plain
+run's answer (the worker confirms it in each answer). Both stream live
+(:attr:`pane_updated`). When both are done it compares them (:func:`app.demo.compare`),
+computes the speedup end to end from the worker's measured times
+(:func:`app.demo.speedups`; the run's stored ``speedup``), stores the run with both
+timelines (for the replay) and emits :attr:`run_finished`.
 """
 
 import asyncio
@@ -14,10 +19,11 @@ import logging
 from PySide6.QtCore import QObject, Signal
 
 from app.client import COMPLETE, AnswerProgress, AnswerRequest, AnswerResult, WorkerClient
-from app.demo import compare, speedup
+from app.demo import compare, speedups, timing
 from app.models.demo_runs import DemoRunListModel
 from app.store import AsyncStore, DemoRun, Store
 from app.tasks import TaskSet
+from engine.protocol import COLD
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +99,8 @@ class DemoController(QObject):
 
     async def _side(self, side: str, prompt: str, method: str, max_tokens: int) -> AnswerResult:
         request = AnswerRequest([{"role": "user", "content": prompt}], temperature=0.0,
-                                max_tokens=max_tokens, speculation={"method": method})
+                                max_tokens=max_tokens, speculation={"method": method},
+                                cache=COLD)
         rid = self.client.ask(request)
         self._sides[rid] = side
         future = self._results[rid] = asyncio.get_running_loop().create_future()
@@ -108,7 +115,8 @@ class DemoController(QObject):
     ) -> DemoRun:
         same = compare(plain.text, fast.text, plain.stats.completion_tokens,
                        fast.stats.completion_tokens, plain.stats.token_ids, fast.stats.token_ids)
-        ratio = speedup(plain.stats.tokens_per_second, fast.stats.tokens_per_second)
+        ratio = speedups(timing(plain.stats, plain.timeline),
+                         timing(fast.stats, fast.timeline)).total  # end to end
         sides = [
             {"text": r.text, "stats": r.stats.to_dict(), "timeline": r.timeline,
              "pieces": r.pieces}

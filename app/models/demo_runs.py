@@ -1,7 +1,8 @@
 """Saved side-by-side demo runs, newest first, as a ``QAbstractListModel``.
 
 Contract: rows are :class:`app.store.DemoRun`; ``DisplayRole`` is a one-line summary
-(when, method, speedup, identical or not), ``RUN`` the record.
+(when, method, speedup end to end as the page shows it, identical or not), ``RUN`` the
+record.
 """
 
 import time
@@ -11,6 +12,7 @@ from typing import Any
 from PySide6.QtCore import QAbstractListModel, QModelIndex, QObject, QPersistentModelIndex, Qt
 
 from app.answer import method_name
+from app.demo import side_stats, speedups
 from app.store import DemoRun
 
 Index = QModelIndex | QPersistentModelIndex
@@ -22,7 +24,8 @@ class Roles(IntEnum):
 
 def summary(run: DemoRun) -> str:
     when = time.strftime("%d %b %H:%M", time.localtime(run.created))
-    speed = f"{run.speedup:.2f}× faster" if run.speedup else "speed not measured"
+    ratio = speedups(side_stats(run.plain)[1], side_stats(run.speculative)[1]).total
+    speed = f"{ratio:.2f}× faster" if ratio else "speed not measured"
     same = "identical" if run.identical else "outputs differ"
     prompt = " ".join(run.prompt.split())
     prompt = prompt if len(prompt) <= 40 else prompt[:39] + "…"

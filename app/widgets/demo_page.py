@@ -1,10 +1,13 @@
 """The side-by-side speed demo page.
 
 Contract: pick a shipped prompt (or type one) and a method, press Run: the
-:class:`DemoController` runs it plain and then speculative, and each pane fills live.
-Afterwards the page shows the speedup, both speeds, acceptance, whether the outputs
-are identical (or where they first differ), and can replay both answers side by side
-at their measured timings. Saved runs are listed below and can be shown again.
+:class:`DemoController` runs it plain and then speculative, both cold, and each pane
+fills live. Afterwards the page shows the speedup end to end (the headline) and after
+the first token, each side's time to first token, which method ran (the worker's
+``speculation.method``), whether both runs started from the same cache state, both
+speeds, acceptance, whether the outputs are identical (or where they first differ),
+and can replay both answers side by side at their measured timings. Saved runs are
+listed below and can be shown again.
 """
 
 import time
@@ -27,7 +30,17 @@ from PySide6.QtWidgets import (
 from app.answer import AnswerStats, footer_text, method_name
 from app.client import AnswerProgress, AnswerResult
 from app.controllers.demo import PLAIN, SPECULATIVE, DemoController
-from app.demo import DemoPrompt, compare, duration, text_at
+from app.demo import (
+    DemoPrompt,
+    compare,
+    duration,
+    method_text,
+    side_stats,
+    speed_text,
+    speedups,
+    start_text,
+    text_at,
+)
 from app.models.demo_runs import Roles
 from app.store import DemoRun
 from app.theme import pad_spin_box
@@ -103,7 +116,8 @@ class DemoPage(QWidget):
         layout.setSpacing(14)
         layout.addWidget(page_heading(
             "Speed demo", "The same prompt answered twice on this machine, one after the other: "
-            "plain, then with speculative decoding. Greedy, so the answers must be identical."))
+            "plain, then with speculative decoding, both from a cold start. Greedy, so the "
+            "answers must be identical."))
         layout.addWidget(self._controls())
         panes = QHBoxLayout()
         panes.setSpacing(14)
@@ -183,25 +197,43 @@ class DemoPage(QWidget):
         return row
 
     def _results(self) -> QWidget:
+        """The speedup end to end, the verdict, the details line and how both runs started."""
         bar = QFrame()
         bar.setObjectName("Card")
-        row = QHBoxLayout(bar)
-        row.setContentsMargins(16, 10, 16, 10)
-        row.setSpacing(16)
         self.speedup = QLabel("–")
         self.speedup.setObjectName("Speed")
+        self.speedup_note = QLabel("")
+        self.speedup_note.setObjectName("Muted")
         self.verdict = QLabel("Run the demo to compare both answers.")
         self.verdict.setObjectName("Verdict")
         self.verdict.setWordWrap(True)
+        self.details = QLabel("")
+        self.details.setObjectName("Muted")
+        self.details.setWordWrap(True)
+        self.start_note = QLabel("")
+        self.start_note.setObjectName("Verdict")
+        self.start_note.setWordWrap(True)
         self.replay_button = QPushButton("  Replay side by side")
         set_icon(self.replay_button, "play", "text", 14)
         self.replay_button.clicked.connect(self.replay)
         self.replay_note = QLabel("Replay of measured timings")
         self.replay_note.setObjectName("Muted")
-        row.addWidget(self.speedup)
-        row.addWidget(self.verdict, 1)
-        row.addWidget(self.replay_note)
-        row.addWidget(self.replay_button)
+        columns = QHBoxLayout()
+        columns.setSpacing(16)
+        for widgets, stretch in (((self.speedup, self.speedup_note), 0),
+                                 ((self.verdict, self.details), 1),
+                                 ((self.replay_button, self.replay_note), 0)):
+            column = QVBoxLayout()
+            column.setSpacing(2)
+            for widget in widgets:
+                column.addWidget(widget)
+            column.addStretch(1)
+            columns.addLayout(column, stretch)
+        layout = QVBoxLayout(bar)
+        layout.setContentsMargins(16, 10, 16, 10)
+        layout.setSpacing(6)
+        layout.addLayout(columns)
+        layout.addWidget(self.start_note)
         return bar
 
     def _runs(self) -> QWidget:
@@ -260,7 +292,9 @@ class DemoPage(QWidget):
         self.panes[SPECULATIVE].clear("waiting for the plain run")
         self.panes[SPECULATIVE].title.setText(f"Speculative: {method_name(method)}")
         self.speedup.setText("–")
-        self._verdict("Running plain first, then speculative…", "")
+        self._verdict("Running plain first, then speculative, both from a cold start…", "")
+        self.details.clear()
+        self._note(self.start_note, "", "")
 
     def _pane_updated(self, side: str, progress: AnswerProgress) -> None:
         self.panes[side].show_text(progress.text)
@@ -293,12 +327,19 @@ class DemoPage(QWidget):
     def show_run(self, run: DemoRun) -> None:
         self._replay.stop()
         self.shown = run
-        for side, data in ((PLAIN, run.plain), (SPECULATIVE, run.speculative)):
-            stats = AnswerStats.from_dict(data.get("stats")) or AnswerStats()
+        (plain, plain_time), (fast, fast_time) = side_stats(run.plain), side_stats(run.speculative)
+        for side, data, stats in ((PLAIN, run.plain, plain), (SPECULATIVE, run.speculative, fast)):
             self.panes[side].show_text(str(data.get("text", "")))
             self.panes[side].show_stats(stats, final=True)
-        self.panes[SPECULATIVE].title.setText(f"Speculative: {method_name(run.method)}")
-        self.speedup.setText(f"{run.speedup:.2f}× faster" if run.speedup else "–")
+        ran = fast.method if fast.enabled else run.method
+        self.panes[SPECULATIVE].title.setText(f"Speculative: {method_name(ran)}")
+        total = speedups(plain_time, fast_time).total
+        self.speedup.setText(f"{total:.2f}× faster" if total else "–")
+        self.speedup_note.setText("end to end" if total else "")
+        self.details.setText(f"{speed_text(plain_time, fast_time)} · "
+                             f"{method_text(fast, run.method)}")
+        start, fair = start_text(plain, fast)
+        self._note(self.start_note, start, "" if fair else "bad")
         same = compare(str(run.plain.get("text", "")), str(run.speculative.get("text", "")))
         if run.identical:
             self._verdict("✓ Identical output, token for token", "good")
@@ -308,9 +349,13 @@ class DemoPage(QWidget):
         self._refresh()
 
     def _verdict(self, text: str, kind: str) -> None:
-        self.verdict.setText(text)
-        self.verdict.setProperty("kind", kind)
-        self.verdict.style().polish(self.verdict)
+        self._note(self.verdict, text, kind)
+
+    @staticmethod
+    def _note(label: QLabel, text: str, kind: str) -> None:
+        label.setText(text)
+        label.setProperty("kind", kind)
+        label.style().polish(label)
 
     def _run_clicked_in_list(self, index: QModelIndex) -> None:
         run = index.data(Roles.RUN)
