@@ -44,6 +44,18 @@ def test_adaptive_is_offered_only_when_the_engine_has_it() -> None:
     assert bound(False).to_dict()["adaptive_available"] is False
 
 
+def test_auto_is_a_method_where_the_engine_offers_it() -> None:
+    settings = SpeculationSettings()
+    settings.bind(("auto", *METHODS), "auto", 4, True)
+    assert settings.config.method == "auto"
+    assert settings.update({"method": "ngram"}).method == "ngram"
+    assert settings.update({"method": "auto"}).method == "auto"
+    assert settings.decide(None, 0) == Decision("auto", 4)
+    assert settings.decide(Override("draft"), 0).method == "draft"  # a request's own wins
+    with pytest.raises(BadRequestError, match="not loaded"):
+        bound().update({"method": "auto"})
+
+
 def test_update_applies_a_subset_and_reports_it() -> None:
     settings = bound()
     config = settings.update({"method": "suffix", "num_draft_tokens": "adaptive"})
@@ -54,7 +66,7 @@ def test_update_applies_a_subset_and_reports_it() -> None:
 @pytest.mark.parametrize(
     ("body", "says"),
     [
-        ({"method": "magic"}, "must be one of draft, ngram, suffix, hybrid, eagle, off"),
+        ({"method": "magic"}, "must be one of auto, draft, ngram, suffix, hybrid, eagle, off"),
         ({"method": "eagle"}, "not loaded; available: off, ngram, suffix, draft"),
         ({"num_draft_tokens": 0}, "integer from 1 to 16 or 'adaptive'"),
         ({"num_draft_tokens": 17}, "integer from 1 to 16"),

@@ -11,11 +11,17 @@ app to any OpenAI-compatible server (address and access token) or back to the lo
 worker; a server that cannot be used says why in the window. The "Learn from this
 office" card starts, follows and stops the worker's training of its draft head on the
 office's own past chats (only on our worker).
+
+Method "Automatic" (``auto``, our worker's default) lets the worker run the method its
+calibration of this machine predicts fastest for each kind of question; under the form
+the page shows what it picks and why, per kind (:func:`describe_auto`), from the
+``auto`` object of ``GET /v1/speculation``. While the worker is still calibrating, the
+page asks again every ``AUTO_POLL_S`` seconds. Choosing a method by name forces it.
 """
 
 from typing import Any
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QButtonGroup,
@@ -45,15 +51,54 @@ from app.engines import EngineInfo
 from app.passphrase import MIN_LENGTH
 from app.theme import pad_spin_box
 
-METHOD_CHOICES = ("draft", "ngram", "suffix", "hybrid", "eagle")
+METHOD_CHOICES = ("auto", "draft", "ngram", "suffix", "hybrid", "eagle")
 RIGHT = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
+AUTO_POLL_S = 2.0
+KIND_NAMES = {"code": "Code", "editing": "Code editing", "summary": "Summaries",
+              "chat": "Chat"}
+
+
+def choice_label(method: str) -> str:
+    """A method as the form's list names it."""
+    if method == "auto":
+        return "Automatic (fastest on this machine)"
+    return method_name(method).capitalize()
+
+
+def describe_auto(report: dict[str, Any]) -> list[str]:
+    """Lines saying what ``auto`` runs and why: overall, then per kind of question, then
+    the calibration it rests on (empty when the worker reports nothing)."""
+    if not isinstance(report, dict) or not report:
+        return []
+    lines = []
+    overall = report.get("overall") or {}
+    if overall.get("method"):
+        lines.append(f"Automatic runs {method_name(overall['method'])}: {overall.get('reason')}.")
+    for kind, choice in (report.get("kinds") or {}).items():
+        if isinstance(choice, dict) and choice.get("method"):
+            lines.append(f"{KIND_NAMES.get(kind, kind)}: {method_name(choice['method'])} "
+                         f"({choice.get('reason')})")
+    calibration = report.get("calibration")
+    if report.get("calibrating"):
+        lines.append("Measuring this machine's costs in the background…")
+    elif isinstance(calibration, dict):
+        ratios = calibration.get("ratios") or {}
+        source = {"cache": "measured at an earlier start", "live": "kept up to date by answers",
+                  }.get(str(calibration.get("source")), "measured at start")
+        lines.append(f"This machine: one decoding step {calibration.get('t1_ms', 0):.1f} ms; "
+                     f"verifying 4 tokens costs {ratios.get('4', 0):.2f}, 8 tokens "
+                     f"{ratios.get('8', 0):.2f}, 16 tokens {ratios.get('16', 0):.2f} steps "
+                     f"({source}).")
+    return lines
 
 
 def describe_setting(setting: dict[str, Any]) -> str:
     k = setting.get("num_draft_tokens")
     drafts = "adaptive draft length" if k == "adaptive" else f"{k} draft tokens"
     state = "on" if setting.get("enabled") else "off"
-    return (f"speculation {state} · {method_name(setting.get('method'))} · {drafts} · "
+    method = setting.get("method")
+    named = "automatic method" if method == "auto" else method_name(method)
+    return (f"speculation {state} · {named} · {drafts} · "
             f"switch off above {setting.get('load_threshold')} waiting")
 
 
@@ -137,6 +182,11 @@ class AdminPage(QWidget):
         self.setObjectName("Page")
         self.controller = controller
         self.setting: dict[str, Any] = {}
+        self.applying = False  # an Apply was sent and the worker has not answered yet
+        self.auto_poll = QTimer(self)
+        self.auto_poll.setSingleShot(True)
+        self.auto_poll.setInterval(int(AUTO_POLL_S * 1000))
+        self.auto_poll.timeout.connect(self._poll_auto)
         self.stack = QStackedWidget()
         self.stack.addWidget(self._gate())
         self.stack.addWidget(self._controls())
@@ -301,7 +351,7 @@ class AdminPage(QWidget):
         self.enabled = QCheckBox("Draft tokens ahead and verify them (lossless)")
         self.method = QComboBox()
         for method in METHOD_CHOICES:
-            self.method.addItem(method_name(method).capitalize(), method)
+            self.method.addItem(choice_label(method), method)
         draft_row = self._draft_length(frame)
         self.threshold = pad_spin_box(QSpinBox())
         self.threshold.setRange(0, 1024)
@@ -320,6 +370,9 @@ class AdminPage(QWidget):
         self.apply_button = apply
         self.apply_status = QLabel("")
         self.apply_status.setWordWrap(True)
+        self.auto_note = muted_note("")
+        self.auto_note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.auto_note.hide()
         self.foreign_note = QLabel("")
         self.foreign_note.setObjectName("Muted")
         self.foreign_note.setWordWrap(True)
@@ -336,6 +389,7 @@ class AdminPage(QWidget):
         form_column.addLayout(form)
         layout.addWidget(self.foreign_note)
         layout.addWidget(self.spec_form)
+        layout.addWidget(self.auto_note)
         layout.addWidget(self.apply_status)
         layout.addLayout(buttons)
         return frame
@@ -466,10 +520,24 @@ class AdminPage(QWidget):
         self.length.setValue(k if isinstance(k, int) else 4)
         self.length.setEnabled(k != "adaptive")
         self.threshold.setValue(int(setting.get("load_threshold") or 0))
-        if previous:
+        self.show_auto(setting.get("auto") or {})
+        if previous and self.applying:
             self._status(f"The worker confirms: {describe_setting(setting)}.", "Ok")
-        else:
+        elif not previous:
             self._status("", "")
+        self.applying = False
+
+    def show_auto(self, report: dict[str, Any]) -> None:
+        """What the automatic method picks and why; ask again while it is calibrating."""
+        lines = describe_auto(report)
+        self.auto_note.setText("\n".join(lines))
+        self.auto_note.setVisible(bool(lines) and self.spec_form.isVisibleTo(self))
+        if isinstance(report, dict) and report.get("calibrating"):
+            self.auto_poll.start()
+
+    def _poll_auto(self) -> None:
+        if self.controller.is_unlocked and not self.applying:
+            self.controller.client.fetch_speculation()
 
     def changes(self) -> dict[str, Any]:
         """What the form asks for that differs from the worker's setting."""
@@ -490,9 +558,10 @@ class AdminPage(QWidget):
             self._status("Nothing to change: the worker already runs this setting.", "")
             return
         self._status("Sending to the worker…", "")
-        self.controller.apply(changes)
+        self.applying = self.controller.apply(changes)
 
     def _apply_failed(self, why: str) -> None:
+        self.applying = False
         self._status(f"The worker refused: {why}", "Error")
 
     def _status(self, text: str, kind: str) -> None:
@@ -546,4 +615,5 @@ class AdminPage(QWidget):
         self.foreign_note.setVisible(foreign)
         self.learning_card.setVisible(not foreign)
         self.spec_form.setVisible(not foreign)
+        self.auto_note.setVisible(not foreign and bool(self.auto_note.text()))
         self.apply_button.setVisible(not foreign)

@@ -58,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", choices=sorted(PROFILES), default="appliance")
     p.add_argument("--target", help="target model: a name, a folder or a .gguf file")
     p.add_argument("--draft", help="draft model (with --target; default: the profile's)")
-    p.add_argument("--method", choices=METHODS,
-                   help="initial drafting method (default: ngram, adaptive)")
+    p.add_argument("--method", choices=("auto", *METHODS),
+                   help="initial drafting method (default: auto, the one this machine's "
+                        "calibration predicts fastest, adaptive)")
     p.add_argument("--num-draft-tokens", help="1..16 or 'adaptive' (default: the engine's)")
     p.add_argument("--load-threshold", type=int, default=2,
                    help="switch speculation off for new requests when more would wait")
@@ -116,6 +117,7 @@ def make_loader(config: WorkerConfig) -> Callable[["Progress"], "ChatEngine"]:
 
 
 def build_worker(config: WorkerConfig) -> "Worker":
+    from engine.paths import data_dir
     from engine.worker.auth import Auth
     from engine.worker.hold import held_if_asked
     from engine.worker.learning import HeadLearning
@@ -130,7 +132,8 @@ def build_worker(config: WorkerConfig) -> "Worker":
     ))
     metrics = Metrics()
     scheduler = Scheduler(held_if_asked(make_loader(config)), settings, metrics,
-                          config.max_waiting)
+                          config.max_waiting,
+                          str(data_dir(config.data_dir) / "calibration.json"))
     learning = HeadLearning(config.target, config.data_dir, scheduler.reload_head)
     return Worker(scheduler, settings, metrics, Auth(config.user_token, config.admin_token),
                   learning)

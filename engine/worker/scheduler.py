@@ -18,6 +18,11 @@ Contract:
   checks before every target pass and between chunks of a long prompt.
 * :meth:`Scheduler.reload_head` asks the thread to swap in a newly installed draft head
   between two answers (at once when idle), then to publish the methods it now offers.
+* Once loaded, an engine that offers ``calibrate`` (:meth:`ChatEngine.calibrate`) is
+  calibrated in the background: one short slice at a time, only while no answer waits
+  or runs, so calibration never slows an answer by more than one slice.
+  :attr:`Scheduler.report` then holds the engine's ``speculation_report()`` (the
+  calibration and the automatic method's choice), refreshed after every answer.
 * The engine is not thread-safe and is only ever touched from this thread.
 """
 
@@ -39,6 +44,11 @@ from engine.worker.settings import ADAPTIVE, Decision, DraftLength, SpeculationS
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_WAITING = 64
+class Idle:
+    """``_next``'s answer when only background calibration is left to do."""
+
+
+IDLE = Idle()
 
 
 class NotReadyError(EngineError):
@@ -137,8 +147,13 @@ class Scheduler:
         settings: SpeculationSettings,
         metrics: Metrics,
         max_waiting: int = DEFAULT_MAX_WAITING,
+        calibration_cache: str | None = None,
     ) -> None:
         self.loader = loader
+        self.calibration_cache = calibration_cache
+        self.report: dict[str, Any] = {}  # the engine's speculation_report(), when it has one
+        self.calibrating = False
+        self._idle: Iterator[None] | None = None
         self.settings = settings
         self.metrics = metrics
         self.max_waiting = max_waiting
@@ -233,6 +248,9 @@ class Scheduler:
         if engine is None:
             return
         while (work := self._next()) is not None:
+            if isinstance(work, Idle):
+                self._idle_slice(engine)
+                continue
             if not isinstance(work, Job):
                 self._chore(engine, work)
                 continue
@@ -241,6 +259,28 @@ class Scheduler:
             finally:
                 with self._cond:
                     self._running = None
+                self._report(engine)
+
+    def _idle_slice(self, engine: Engine) -> None:
+        """One slice of the background calibration; report once it is done."""
+        assert self._idle is not None
+        try:
+            next(self._idle)
+            return
+        except StopIteration:
+            log.info("calibration ready")
+        except Exception:
+            log.exception("calibrating the engine failed; the method choice waits for answers")
+        self._idle, self.calibrating = None, False
+        self._report(engine)
+
+    def _report(self, engine: Engine) -> None:
+        report = getattr(engine, "speculation_report", None)
+        if report is not None:
+            try:
+                self.report = {**report(), "calibrating": self.calibrating}
+            except Exception:
+                log.exception("the engine's speculation report failed")
 
     def _chore(self, engine: Engine, chore: Callable[[Engine], None]) -> None:
         try:
@@ -277,18 +317,25 @@ class Scheduler:
         for model in self.models:
             self.metrics.model_memory.labels(model.role, model.id).set(model.memory_bytes)
         self._bind(engine)
+        calibrate = getattr(engine, "calibrate", None)
+        if calibrate is not None:
+            self._idle, self.calibrating = iter(calibrate(self.calibration_cache)), True
+        self._report(engine)
         self.status = LoadStatus("ready", 1.0, "ready")
         log.info("models ready: %s", ", ".join(m.id for m in self.models))
         return engine
 
-    def _next(self) -> "Job | Callable[[Engine], None] | None":
+    def _next(self) -> "Job | Callable[[Engine], None] | Idle | None":
         with self._cond:
-            while not self._queue and not self._chores and not self._stopping:
+            while (not self._queue and not self._chores and not self._stopping
+                   and self._idle is None):
                 self._cond.wait()
             if self._stopping:
                 return None
             if self._chores:
                 return self._chores.popleft()
+            if not self._queue:
+                return IDLE
             self._running = self._queue.popleft()
             self._announce_positions()
             return self._running

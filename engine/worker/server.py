@@ -1,7 +1,9 @@
 """The worker's HTTP surface: OpenAI chat completions plus health, metrics and settings.
 
 Routes: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``,
-``GET /metrics``, ``GET`` and ``PUT /v1/speculation``, and ``GET``, ``POST`` (start) and
+``GET /metrics``, ``GET`` and ``PUT /v1/speculation`` (the setting, and under ``auto``
+the machine's calibration and the method ``auto`` picks per kind of prompt, with its
+reason and every method's predicted speed), and ``GET``, ``POST`` (start) and
 ``DELETE`` (stop) ``/v1/heads/learning``, the admin's "learn from this office" run
 (:mod:`engine.worker.learning`). Every error is OpenAI's shape
 ``{"error": {"message", "type", "code", "param"}}`` with a fitting status (400 bad
@@ -198,8 +200,15 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
+def speculation_body(worker: Worker) -> dict[str, Any]:
+    """The setting, plus what ``auto`` chooses and why (``auto``: the calibration and, per
+    kind of prompt and overall, the chosen method, the reason and each method's
+    prediction; empty while the models load or on an engine without calibration)."""
+    return {**worker.settings.to_dict(), "auto": worker.scheduler.report}
+
+
 async def get_speculation(request: web.Request) -> web.Response:
-    return web.json_response(request.app[WORKER].settings.to_dict())
+    return web.json_response(speculation_body(request.app[WORKER]))
 
 
 async def put_speculation(request: web.Request) -> web.Response:
@@ -207,7 +216,7 @@ async def put_speculation(request: web.Request) -> web.Response:
     worker.scheduler.require_ready()
     config = worker.settings.update(await read_json(request))
     log.info("speculation setting changed: %s", config.to_dict())
-    return web.json_response(worker.settings.to_dict())
+    return web.json_response(speculation_body(worker))
 
 
 def _learning(worker: Worker) -> HeadLearning:

@@ -9,6 +9,9 @@ Contract:
   ``speculation.method`` wins; otherwise speculation is off when the global setting
   disables it (reason ``"setting"``) or when the worker is loaded beyond
   ``load_threshold`` (reason ``"load"``); otherwise the global method applies.
+* ``method`` may be ``"auto"`` (the default of our engine): the engine then runs, per
+  answer, the method its calibration predicts fastest for the question's kind
+  (:mod:`engine.calibration`); an explicit method, global or per request, wins.
 * ``num_draft_tokens`` is an integer from 1 to 16, or ``"adaptive"`` when the engine
   offers it (it then picks the draft length per pass, :mod:`engine.policy`). The
   worker only passes the choice through; it keeps no draft-length policy of its own.
@@ -22,7 +25,7 @@ from typing import Any
 
 from engine.errors import BadRequestError
 from engine.protocol import METHODS
-from engine.session import MAX_DRAFT_TOKENS
+from engine.session import AUTO, MAX_DRAFT_TOKENS
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +76,10 @@ class Decision:
 
 
 def check_method(value: Any, available: Sequence[str], where: str = "method") -> str:
-    """Return ``value`` if it names a method the loaded models offer."""
-    if not isinstance(value, str) or value not in METHODS:
-        raise BadRequestError(f"{where} must be one of {', '.join(METHODS)}, got {value!r}")
+    """Return ``value`` if it names a method the loaded models offer (or ``auto``)."""
+    if not isinstance(value, str) or value not in (AUTO, *METHODS):
+        raise BadRequestError(
+            f"{where} must be one of {', '.join((AUTO, *METHODS))}, got {value!r}")
     if value not in available:
         raise BadRequestError(
             f"{where} {value!r} needs a model that is not loaded; "

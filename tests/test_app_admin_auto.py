@@ -1,0 +1,68 @@
+"""The admin page says what the automatic method runs and why, from the worker's
+``auto`` report, and lets an admin force a method instead."""
+
+from pathlib import Path
+
+from PySide6.QtWidgets import QApplication
+from pytestqt.qtbot import QtBot
+
+from app import theme
+from app.application import AnveApp
+from app.client import Health
+from app.widgets.admin_page import describe_auto, describe_setting
+from tests.app_support import finish, qasync_loop
+
+REPORT = {
+    "calibrating": False,
+    "calibration": {"t1_ms": 25.0, "ratios": {"4": 1.67, "8": 3.21, "16": 6.1},
+                    "source": "live"},
+    "overall": {"method": "ngram", "reason": "ngram: 1.20× predicted on this machine; "
+                "draft model: 0.90×", "kind": None, "predictions": []},
+    "kinds": {"summary": {"method": "ngram", "reason": "ngram: 1.45× predicted on this "
+                          "machine; draft model: 1.02×"},
+              "chat": {"method": "off", "reason": "plain decoding: no method predicted "
+                       "faster (ngram: 1.00×; draft model: 0.84×)"}},
+}
+SETTING = {"enabled": True, "method": "auto", "num_draft_tokens": "adaptive",
+           "load_threshold": 2, "available_methods": ["auto", "off", "ngram", "draft"],
+           "adaptive_available": True, "auto": REPORT}
+
+
+def test_the_report_reads_as_lines_per_kind_and_the_machine() -> None:
+    lines = describe_auto(REPORT)
+    assert lines[0] == ("Automatic runs n-gram lookup: ngram: 1.20× predicted on this "
+                        "machine; draft model: 0.90×.")
+    assert lines[1].startswith("Summaries: n-gram lookup (ngram: 1.45×")
+    assert lines[2].startswith("Chat: plain decoding (plain decoding: no method")
+    assert lines[3] == ("This machine: one decoding step 25.0 ms; verifying 4 tokens costs "
+                        "1.67, 8 tokens 3.21, 16 tokens 6.10 steps (kept up to date by "
+                        "answers).")
+    assert describe_auto({}) == []
+    assert describe_auto({**REPORT, "calibrating": True})[-1].startswith("Measuring")
+    assert "automatic method" in describe_setting(SETTING)
+
+
+def test_the_page_shows_the_choice_and_an_admin_can_force_a_method(
+        qapp: QApplication, qtbot: QtBot, tmp_path: Path) -> None:
+    theme.apply(qapp, "light")
+    with qasync_loop(qapp):
+        anve = AnveApp(tmp_path, worker_url="http://127.0.0.1:9")  # no worker is needed
+        window, page = anve.window, anve.window.admin_page
+        qtbot.addWidget(window)
+        window.resize(1100, 900)
+        window.show()
+        window.show_health(Health("ready", 1.0, "ready", url="http://127.0.0.1:9"))
+        window.show_page("admin")
+        page.stack.setCurrentIndex(1)
+        page.show_setting(SETTING)
+        assert page.method.currentData() == "auto"
+        assert page.method.currentText().startswith("Automatic")
+        assert page.auto_note.isVisibleTo(page) and "1.20×" in page.auto_note.text()
+        for _ in range(3):
+            qapp.processEvents()
+        window.grab().save(str(tmp_path / "admin-auto.png"))
+        page.choose_method("draft")
+        assert page.changes() == {"method": "draft"}
+        page.show_setting({**SETTING, "auto": {}})
+        assert not page.auto_note.isVisibleTo(page)
+        finish(qtbot, anve.shutdown())
