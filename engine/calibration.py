@@ -13,7 +13,8 @@ Contract:
 * :func:`measure` is a generator: each ``next()`` runs one short slice (one forward of
   the target or one drafter call), so the worker's engine thread can give way to an
   answer between slices; it returns the :class:`Calibration` after about ``budget_s``
-  seconds of work (at least one round of every size).
+  seconds of work (sizes are measured spread out, 1, 2, 4, 8, 16, 3, ...; those the
+  budget left out are interpolated by :meth:`Calibration.ratio_at`).
 * :class:`Observations` holds the acceptance each method showed per kind of prompt
   (:func:`classify`: ``code``, ``editing``, ``summary``, ``chat``; a simple rule on the
   last question's text, since nothing upstream labels prompts) and the prompt and answer
@@ -50,6 +51,8 @@ log = logging.getLogger(__name__)
 
 MAX_K = 16  # t(k) is measured for k = 1..MAX_K
 CONTEXT = 128  # tokens in the cache the measured forwards continue
+# sizes in the order measured: spread out, so a budget cut short still spans 1..16
+ORDER = (1, 2, 4, 8, 16, 3, 6, 12, 5, 10, 7, 14, 9, 11, 13, 15)
 LIVE_WEIGHT = 0.2  # share of a calibration one answer's live figures replace
 OBSERVED_DECAY = 0.98  # per answer, for the acceptance evidence of a method and kind
 OTHER_KINDS = 0.25  # weight of a method's evidence on other kinds of prompt
@@ -237,19 +240,24 @@ def measure(target: Any, drafters: Mapping[str, Any], key: str, budget_s: float 
     context = [(100 + i % 24) % vocab for i in range(CONTEXT)]  # repeats: lookups find drafts
     runner.sync(context)
     yield
-    times: dict[int, list[float]] = {k: [] for k in range(1, MAX_K + 1)}
-    for round_ in range(max_rounds + 1):
-        for k in range(1, MAX_K + 1):
+    times: dict[int, list[float]] = {k: [] for k in ORDER}
+    runner.forward([300 % vocab], rows=1)  # warm-up
+    runner.truncate(len(context))
+    yield
+    for _ in range(max_rounds):
+        for k in ORDER:
             began = clock()
             runner.forward([(300 + i) % vocab for i in range(k)], rows=k)
-            if round_:  # the first round warms up
-                times[k].append(clock() - began)
+            times[k].append(clock() - began)
             runner.truncate(len(context))
             yield
-        if round_ and clock() - start > budget_s * 0.75:
-            break
+            if clock() - start > budget_s * 0.75 and len(times[2]) > 0:
+                break  # out of time: sizes not measured are interpolated
+        else:
+            continue
+        break
     t1 = _median(times[1])
-    ratios = {k: _median(t) / t1 for k, t in times.items() if k > 1}
+    ratios = {k: _median(t) / t1 for k, t in times.items() if k > 1 and t}
     step: dict[str, float] = {}
     read: dict[str, float] = {}
     params, generator = SamplingParams(), torch.Generator().manual_seed(0)
