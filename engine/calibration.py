@@ -459,15 +459,23 @@ NAMES = {"draft": "draft model", "eagle": "EAGLE head", "hybrid": "hybrid"}
 
 def choose(predictions: Sequence[Prediction], kind: str | None = None,
            fallback: str = "ngram") -> Choice:
-    """The best predicted method, or ``off`` when none is predicted faster than plain
-    decoding; with no predictions (nothing measured yet) ``fallback``."""
+    """The best predicted method; with no predictions (nothing measured yet) ``fallback``.
+
+    Even when no method is predicted faster than plain decoding, the best one runs (the
+    caller runs ``auto`` at adaptive length): its policy drafts only where the pass's
+    figures say it pays and switches itself off within a few passes otherwise, at a
+    bounded probing cost, and the answer's figures correct the calibration. Settling on
+    plain decoding instead would freeze a calibration measured in a busy moment (a
+    calibration taken while the machine was loaded put t(2)/t(1) at 17)."""
     if not predictions:
         return Choice(fallback, f"{fallback}: not measured on this machine yet", kind)
     ordered = sorted(predictions, key=lambda p: -p.speedup)
     parts = "; ".join(f"{NAMES.get(p.method, p.method)}: {p.speedup:.2f}×" for p in ordered)
     best = ordered[0]
     if best.speedup < 1.01:
-        return Choice("off", f"plain decoding: no method predicted faster ({parts})", kind,
+        name = NAMES.get(best.method, best.method)
+        return Choice(best.method, f"no method predicted faster than plain decoding ({parts}); "
+                      f"{name} drafts only where a pass pays and keeps measuring", kind,
                       tuple(ordered))
     first, *rest = parts.split("; ", 1)
     reason = f"{first} predicted on this machine" + (f"; {rest[0]}" if rest else "")

@@ -20,8 +20,9 @@ REPORT = {
                 "draft model: 0.90×", "kind": None, "predictions": []},
     "kinds": {"summary": {"method": "ngram", "reason": "ngram: 1.45× predicted on this "
                           "machine; draft model: 1.02×"},
-              "chat": {"method": "off", "reason": "plain decoding: no method predicted "
-                       "faster (ngram: 1.00×; draft model: 0.84×)"}},
+              "chat": {"method": "ngram", "reason": "no method predicted faster than plain "
+                       "decoding (ngram: 1.00×; draft model: 0.84×); ngram drafts only where "
+                       "a pass pays and keeps measuring"}},
 }
 SETTING = {"enabled": True, "method": "auto", "num_draft_tokens": "adaptive",
            "load_threshold": 2, "available_methods": ["auto", "off", "ngram", "draft"],
@@ -33,7 +34,7 @@ def test_the_report_reads_as_lines_per_kind_and_the_machine() -> None:
     assert lines[0] == ("Automatic runs n-gram lookup: ngram: 1.20× predicted on this "
                         "machine; draft model: 0.90×.")
     assert lines[1].startswith("Summaries: n-gram lookup (ngram: 1.45×")
-    assert lines[2].startswith("Chat: plain decoding (plain decoding: no method")
+    assert lines[2].startswith("Chat: n-gram lookup (no method predicted faster")
     assert lines[3] == ("This machine: one decoding step 25.0 ms; verifying 4 tokens costs "
                         "1.67, 8 tokens 3.21, 16 tokens 6.10 steps (kept up to date by "
                         "answers).")

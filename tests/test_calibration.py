@@ -85,12 +85,15 @@ def test_a_cheap_well_accepted_lookup_beats_a_draft_model_that_reads_the_prompt(
                              f"draft model: {draft.speedup:.2f}×")
 
 
-def test_auto_picks_plain_decoding_when_no_method_is_predicted_faster() -> None:
+def test_auto_keeps_the_best_method_measuring_when_none_is_predicted_faster() -> None:
+    """Its adaptive policy switches drafting off where it does not pay; plain decoding
+    for good would never correct a calibration measured in a busy moment."""
     cal = calibration({"draft": 0.4}, {"draft": 0.1})
     observed = Observations()
     observed.record("draft", "chat", seen(2, 20), 50, 100)
     choice = choose(predict(cal, observed, ["draft"], "chat", 15), "chat")
-    assert choice.method == "off" and choice.reason.startswith("plain decoding")
+    assert choice.method == "draft"
+    assert choice.reason.startswith("no method predicted faster than plain decoding")
     assert choose((), "chat").method == "ngram"  # nothing measured yet: the fallback
 
 
