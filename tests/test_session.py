@@ -2,16 +2,20 @@
 continuing an answer, and the rolling context window."""
 
 import threading
+from pathlib import Path
 
 import pytest
 
 from engine.drafters.draft_model import DraftModelDrafter
+from engine.drafters.eagle import EagleDrafter
 from engine.drafters.suffix import SuffixDrafter
 from engine.errors import BadRequestError, PromptTooLongError
+from engine.heads.files import save_head
 from engine.models import LoadedModel
 from engine.protocol import ROLLING_WINDOW, Completion, ContextWindow, PromptProgress, TextChunk
 from engine.sampling import SamplingParams
 from engine.session import READ_CHUNK, ROLL_TURNS, ChatEngine, TextAssembler, split_turns
+from tests.test_eagle import head_info, random_head
 from tests.tiny import tiny_loaded
 
 ASK = [{"role": "user", "content": "def add(a, b): please explain"}]
@@ -404,3 +408,22 @@ def test_an_unknown_cache_state_is_a_clear_error(engine: ChatEngine) -> None:
         answer(engine, DEMO, cache="frozen")
     with pytest.raises(BadRequestError, match="cache must be one of"):
         list(engine.generate_ids(engine.encode(DEMO), cache="icy"))
+
+
+def test_a_cold_eagle_run_leaves_the_heads_cache_and_the_targets_features(
+    tmp_path: Path,
+) -> None:
+    loaded = tiny_loaded("tiny-a", scale=4.0)
+    path = save_head(random_head(loaded.model), head_info(loaded.model, "tiny-a"),
+                     tmp_path / "h.safetensors")
+    engine = ChatEngine(loaded, head=path)
+    _, warm = answer(engine, DEMO, method="eagle", max_tokens=12)
+    eagle = engine.drafters["eagle"]
+    assert isinstance(eagle, EagleDrafter)
+    kept = (list(engine.runner.ids), engine.runner.hidden, list(eagle.covered), eagle.cache)
+    _, cold = answer(engine, DEMO, method="eagle", max_tokens=12, cache="cold")
+    assert cold.stats.cached_tokens == 0 and cold.token_ids == warm.token_ids
+    assert engine.runner.hidden is kept[1] and eagle.cache is kept[3]
+    assert (list(engine.runner.ids), list(eagle.covered)) == (kept[0], kept[2])
+    _, again = answer(engine, DEMO, method="eagle", max_tokens=12)
+    assert again.stats.cached_tokens == len(engine.encode(DEMO)) - 1
