@@ -273,7 +273,8 @@ class LeanStep:
     @torch.inference_mode()
     def step(self, ids: list[int], cache: Cache, rows: int, keep: bool,
              parents: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits ``[1, rows, V]`` and, with ``keep``, normed hidden states ``[1, T, H]``.
+        """Logits ``[1, rows, V]`` and, with ``keep``, normed hidden states ``[1, T, H]``;
+        ``rows=0`` skips the ``lm_head`` (the logits are then an empty ``[1, 0, 0]``).
 
         With ``parents`` (row ``i``'s parent row, ``-1`` for the first) the rows are a draft
         tree: each sits at the position after its parent's and attends to the cache and its
@@ -293,7 +294,7 @@ class LeanStep:
         else:
             x = self._layers(x, cos, sin, cache, tree)
         x = self.norm.forward(x)  # [1, T, H]
-        logits = self.lm_head.forward(x[:, -rows:, :])  # [1, rows, V]
+        logits = self.lm_head.forward(x[:, -rows:, :]) if rows else x[:, :0, :0]  # [1, rows, V]
         return logits, (x if keep else None)
 
 

@@ -6,6 +6,17 @@ of ids the cache holds, so callers roll back by cropping (``truncate``) and reus
 shared prefix (``sync``) instead of ever slicing cache tensors by hand. The engine
 knows only token ids.
 
+Every position is computed the same way however the ids reach the cache: where the model
+has a lean step (:mod:`engine.lean`, row-independent layers), every forward, a long
+prompt's included, runs as lean steps of at most :data:`~engine.invariant.MAX_ROWS`
+rows, so a position's keys, values, features and logits are bit for bit what one-row
+decoding steps give it. A prompt read whole, read after a cached prefix or a parked
+cache, an answer decoded step by step or verified k rows at a time then all leave the
+same cache, and a greedy answer cannot depend on what the runner served before. (The
+model's own forward over a long input is not row-independent: its attention blocks
+the queries by their count, and its norms and rotary differ from the native step's in
+the last bits; on SmolLM2 two splits of one 200-token prompt moved a logit by 0.5.)
+
 With ``keep_hidden(True)`` the runner also keeps, for every cached position, the
 target's final normed hidden state (the feature that feeds ``lm_head``), which EAGLE
 heads draft from; plain decoding leaves it off and pays nothing for it.
@@ -155,8 +166,8 @@ class ModelRunner:
         """
         ids = [int(t) for t in new_ids]
         keep = self.hidden is not None
-        if self.lean is not None and len(ids) <= MAX_ROWS:
-            logits, hidden = self.lean.step(ids, self.cache, rows, keep)
+        if self.lean is not None:
+            logits, hidden = self._stepped(ids, rows, keep)
         else:
             out = self.model(
                 input_ids=torch.tensor([ids], dtype=torch.long), cache=self.cache,
@@ -167,6 +178,23 @@ class ModelRunner:
         if self.hidden is not None and hidden is not None:
             self.hidden = torch.cat([self.hidden, hidden[0]])  # [len(ids), H]
         return logits[0]  # [rows, V]
+
+    def _stepped(self, ids: list[int], rows: int, keep: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``ids`` as lean steps of at most :data:`MAX_ROWS` rows (see the module): logits
+        ``[1, rows, V]`` of the last ``rows`` positions, features ``[1, T, H]`` with ``keep``."""
+        assert self.lean is not None
+        logits, features = [], []
+        for start in range(0, len(ids), MAX_ROWS):
+            chunk = ids[start : start + MAX_ROWS]
+            after = len(ids) - start - len(chunk)  # positions after this chunk
+            wanted = max(0, min(len(chunk), rows - after))
+            out, hidden = self.lean.step(chunk, self.cache, wanted, keep)
+            if wanted:
+                logits.append(out)
+            if hidden is not None:
+                features.append(hidden)
+        return torch.cat(logits, dim=1), (torch.cat(features, dim=1) if keep else None)
 
     @property
     def verifies_trees(self) -> bool:
