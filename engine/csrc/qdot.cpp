@@ -1,12 +1,15 @@
 // Integer-dot linear layers for x86 CPUs with AVX2 (built and loaded by engine/kernels.py).
 //
 // Variants: this one file is compiled once per instruction set (engine/kernels.py picks
-// the best one the CPU runs). Plain AVX2 (-mavx2 -mfma -mf16c) sums int8 products with
-// maddubs/madd; AVX-VNNI (also -mavxvnni) and AVX-512 (also -mavx512f -mavx512bw
-// -mavx512vl -mavx512vnni) with vpdpbusd, the latter on 512-bit vectors where a form's
-// loops take them and up to 16 rows per pass over the weights (32 vector registers).
-// Every integer sum is exact in every variant; each variant keeps the promise below on
-// its own (the floating-point order of a row depends on the variant, never on M).
+// the best one the CPU runs; ANVE_VARIANT names it). Plain AVX2 (-mavx2 -mfma -mf16c)
+// sums int8 products with maddubs/madd. AVX-VNNI (also -mavxvnni) sums them with 256-bit
+// vpdpbusd in the same float order: its outputs are the AVX2 build's, bit for bit.
+// AVX-512 (also -mavx512f -mavx512bw -mavx512vl -mavx512vnni) runs the q4, q8, q4k and
+// q6k loops on 512-bit vpdpbusd, up to 16 rows per pass over the weights (32 vector
+// registers), with activations stored in the orders its 64-byte loads want (group_low,
+// slot) and a float order of its own (the last bits differ from AVX2's). Attention and
+// the elementwise pieces are the same 256-bit code in every build. Every integer sum is
+// exact in every variant, and each variant keeps the promise below on its own.
 //
 // Contract: y[m, n] = sum_k x[m, k] * w[n, k] for M rows of float32 activations, where
 // the activations are first rounded per group of 32 to int8 codes with one float scale
