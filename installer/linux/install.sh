@@ -307,13 +307,27 @@ if "$venv/bin/python" -m pip show --quiet anve >/dev/null 2>&1; then
     "$venv/bin/python" -m pip uninstall --quiet --yes anve
 fi
 say "installing ANVE and its pinned dependencies (torch 2.13.0 CPU; several minutes the first time)"
-"${pip_install[@]}" --constraint "$src/installer/constraints.txt" "${wheel[0]}" ||
+"${pip_install[@]}" --constraint "$src/constraints.txt" "${wheel[0]}" ||
     die "installing ANVE into $venv failed (see pip's message above)" \
         "fix the cause and run the installer again: it picks up where it stopped"
 say "building ANVE's fast CPU kernels (a few seconds with a C++ compiler)"
 "$venv/bin/python" -m engine.kernels >/dev/null 2>&1 ||
     note "no C++ compiler here: ANVE runs torch's kernels, about 2x slower" \
         "(Debian/Ubuntu: sudo apt install g++, then run the installer again)"
+window_debs="$("$venv/bin/python" -m app.display 2>/dev/null || true)"
+if [[ -n "$window_debs" ]]; then
+    # Qt's X11 plugin links libraries a minimal system lacks (app/display.py asks ldd).
+    if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        say "installing the X11 libraries the window needs: $window_debs"
+        # shellcheck disable=SC2086  # one word per package
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            $window_debs >/dev/null 2>&1 ||
+            warn "could not install $window_debs; the window needs them (apt-get install $window_debs)"
+    else
+        note "the window needs X11 libraries this system lacks" \
+            "(Debian/Ubuntu: sudo apt-get install $window_debs)"
+    fi
+fi
 install -Dm755 "$src/installer/linux/uninstall.sh" "$venv/share/anve/uninstall.sh"
 {
     echo "# The choices of the last install.sh run; the next run keeps them unless told otherwise."
