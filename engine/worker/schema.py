@@ -199,22 +199,14 @@ def _anve(value: Any) -> Mapping[str, Any]:
     return value
 
 
-def _context_overflow(anve: Mapping[str, Any]) -> str:
-    """``anve.context_overflow``."""
-    policy = anve.get("context_overflow", STOP_AT_LIMIT)
-    if policy not in CONTEXT_OVERFLOW:
-        raise FieldError("anve.context_overflow", "anve.context_overflow must be one of "
-                         f"{', '.join(CONTEXT_OVERFLOW)}, got {policy!r}")
-    return str(policy)
-
-
-def _cache(anve: Mapping[str, Any]) -> str:
-    """``anve.cache``: ``"warm"`` or ``"cold"`` (see the module)."""
-    cache = anve.get("cache", WARM)
-    if cache not in CACHE_STATES:
-        raise FieldError("anve.cache", "anve.cache must be one of "
-                         f"{', '.join(CACHE_STATES)}, got {cache!r}")
-    return str(cache)
+def _one_of(anve: Mapping[str, Any], name: str, choices: Sequence[str], default: str) -> str:
+    """``anve.<name>``: one of ``choices`` (``anve.context_overflow``, ``anve.cache``: see
+    the module), ``default`` when absent."""
+    value = anve.get(name, default)
+    if value not in choices:
+        raise FieldError(f"anve.{name}", f"anve.{name} must be one of {', '.join(choices)}, "
+                         f"got {value!r}")
+    return str(value)
 
 
 def parse_chat_request(
@@ -245,9 +237,9 @@ def parse_chat_request(
         stop=_stop(body.get("stop")),
         stream=_flag(body, "stream"),
         speculation=speculation,
-        context_overflow=_context_overflow(anve),
+        context_overflow=_one_of(anve, "context_overflow", CONTEXT_OVERFLOW, STOP_AT_LIMIT),
         continue_final=continue_final,
-        cache=_cache(anve),
+        cache=_one_of(anve, "cache", CACHE_STATES, WARM),
     )
 
 
