@@ -230,7 +230,7 @@ def stressed(light_engine: ChatEngine) -> ChatEngine:
 def test_random_requests_to_one_engine_answer_as_a_fresh_engine(
     stressed: ChatEngine, references: References
 ) -> None:
-    assert set(stressed.methods) == {"off", "ngram", "suffix", "draft", "hybrid", "eagle"}
+    assert {"off", "ngram", "suffix", "draft", "hybrid", "eagle"} <= set(stressed.methods)
     asker = Asker(stressed, references, seed=26)
     for number in range(16):
         asker.ask(number)
