@@ -18,7 +18,7 @@ def test_terminal_chat_streams_answers_and_handles_commands() -> None:
     assert "8 tokens" in text and "speculation off" not in text
     assert "(method suffix, k=3)" in text
     assert "unknown method 'medusa'" in text
-    assert "commands: /method {off,ngram,suffix}" in text
+    assert "commands: /method {auto,off,ngram,suffix}" in text
     assert engine.method == "suffix" and engine.num_draft_tokens == "adaptive"
     assert "never read" not in text
 
