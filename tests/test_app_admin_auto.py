@@ -67,3 +67,30 @@ def test_the_page_shows_the_choice_and_an_admin_can_force_a_method(
         page.show_setting({**SETTING, "auto": {}})
         assert not page.auto_note.isVisibleTo(page)
         finish(qtbot, anve.shutdown())
+
+
+def test_a_hidden_page_stops_asking_the_worker(
+        qapp: QApplication, qtbot: QtBot, tmp_path: Path) -> None:
+    """A closed window's page must not poll: the app's event loop may be gone (a leaked
+    page's timer once fired in a later test with no loop)."""
+    with qasync_loop(qapp):
+        anve = AnveApp(tmp_path, worker_url="http://127.0.0.1:9")
+        window, page = anve.window, anve.window.admin_page
+        qtbot.addWidget(window)
+        asked: list[int] = []
+        anve.client.fetch_speculation = lambda: asked.append(1)  # type: ignore[method-assign]
+        anve.admin.is_unlocked = True
+        window.show()
+        window.show_page("admin")
+        page.stack.setCurrentIndex(1)
+        page.show_auto({**REPORT, "calibrating": True})
+        assert page.auto_poll.isActive()
+        page._poll_auto()
+        assert asked == [1]
+        window.hide()
+        assert not page.auto_poll.isActive()
+        page._poll_auto()
+        assert asked == [1]
+        window.show()
+        assert page.auto_poll.isActive()
+        finish(qtbot, anve.shutdown())

@@ -22,6 +22,7 @@ page asks again every ``AUTO_POLL_S`` seconds. Choosing a method by name forces 
 from typing import Any
 
 from PySide6.QtCore import Qt, QTimer
+from PySide6.QtGui import QHideEvent, QShowEvent
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QButtonGroup,
@@ -183,6 +184,7 @@ class AdminPage(QWidget):
         self.controller = controller
         self.setting: dict[str, Any] = {}
         self.applying = False  # an Apply was sent and the worker has not answered yet
+        self.calibrating = False  # the worker's last report said it is still calibrating
         self.auto_poll = QTimer(self)
         self.auto_poll.setSingleShot(True)
         self.auto_poll.setInterval(int(AUTO_POLL_S * 1000))
@@ -532,12 +534,24 @@ class AdminPage(QWidget):
         lines = describe_auto(report)
         self.auto_note.setText("\n".join(lines))
         self.auto_note.setVisible(bool(lines) and self.spec_form.isVisibleTo(self))
-        if isinstance(report, dict) and report.get("calibrating"):
+        self.calibrating = isinstance(report, dict) and bool(report.get("calibrating"))
+        if self.calibrating:
             self.auto_poll.start()
 
     def _poll_auto(self) -> None:
-        if self.controller.is_unlocked and not self.applying:
+        # Only while the page is on screen: a closed window's page (the app shut down, its
+        # event loop gone) must not ask the client for anything.
+        if self.isVisible() and self.controller.is_unlocked and not self.applying:
             self.controller.client.fetch_speculation()
+
+    def hideEvent(self, event: QHideEvent) -> None:  # noqa: N802
+        self.auto_poll.stop()
+        super().hideEvent(event)
+
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802
+        super().showEvent(event)
+        if self.calibrating:  # hidden while the worker calibrated: ask again soon
+            self.auto_poll.start()
 
     def changes(self) -> dict[str, Any]:
         """What the form asks for that differs from the worker's setting."""
