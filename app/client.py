@@ -82,6 +82,18 @@ class WorkerError(Exception):
         self.code = code
 
 
+def describe_kernels(report: Any) -> str:
+    """Our worker's ``/health`` ``kernels`` object in words ("" when it sent none)."""
+    if not isinstance(report, dict):
+        return ""
+    name = report.get("variant")
+    if not name:
+        return "torch's kernels (ANVE's own are off or could not be built here)"
+    rows = report.get("rows_per_pass")
+    text = f"{name}, {rows} rows a pass" if isinstance(rows, int) and rows > 0 else str(name)
+    return text + (" (forced)" if report.get("forced") else " (the best this CPU runs)")
+
+
 @dataclass(frozen=True)
 class Health:
     """The worker as the window should describe it."""
@@ -93,6 +105,7 @@ class Health:
     models: tuple[str, ...] = ()
     url: str | None = None
     engine: EngineInfo | None = None  # what the URL serves, once detected
+    kernels: str = ""  # our worker's CPU kernels in words (describe_kernels)
 
     @property
     def ready(self) -> bool:
@@ -386,6 +399,7 @@ class WorkerClient(QObject):
             state=str(body.get("status", "error")), progress=float(body.get("progress", 0.0)),
             message=str(body.get("message", "")), load_off=bool(body.get("speculation_load_off")),
             models=tuple(body.get("models") or ()), url=url, engine=self.engine,
+            kernels=describe_kernels(body.get("kernels")),
         )
 
     async def _foreign_health(self, url: str, engine: EngineInfo) -> Health:

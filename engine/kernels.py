@@ -337,6 +337,14 @@ def available() -> bool:
     return library() is not None
 
 
+def report() -> dict[str, object]:
+    """What runs, as the worker's ``/health`` and the benchmark say it: the variant
+    (``None``: torch's kernels), the rows one pass over the weights holds, and whether
+    the variant was forced (``ANVE_KERNELS`` or :func:`use`) rather than chosen."""
+    forced = bool(os.environ.get("ANVE_KERNELS", "").strip()) or _forced[0] is not None
+    return {"variant": variant(), "rows_per_pass": max_rows(), "forced": forced}
+
+
 def _library_or_raise() -> ctypes.CDLL:
     lib = library()
     if lib is None:

@@ -13,7 +13,13 @@ from aiohttp import web
 from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
-from app.client import INTERRUPTED, AnswerRequest, AnswerResult, WorkerClient
+from app.client import (
+    INTERRUPTED,
+    AnswerRequest,
+    AnswerResult,
+    WorkerClient,
+    describe_kernels,
+)
 from tests.app_support import finish, qasync_loop
 from tests.foreign_support import serve
 
@@ -134,3 +140,12 @@ def test_a_stream_that_breaks_off_keeps_its_text_and_says_so_in_words(
     finally:
         finish(qtbot, client.close())
         finish(qtbot, server.stop())
+
+
+def test_the_kernels_a_worker_runs_read_as_words() -> None:
+    assert describe_kernels({"variant": "avx512", "rows_per_pass": 16, "forced": False}) == (
+        "avx512, 16 rows a pass (the best this CPU runs)")
+    assert describe_kernels({"variant": "avx2", "rows_per_pass": 8, "forced": True}) == (
+        "avx2, 8 rows a pass (forced)")
+    assert describe_kernels({"variant": None, "rows_per_pass": 0}).startswith("torch's")
+    assert describe_kernels(None) == "" and describe_kernels("avx2") == ""

@@ -12,12 +12,14 @@ import statistics
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
 from openai import OpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
+from engine import kernels
 from tests.tiny import save_tiny
 from tests.worker_process import Hold, Http, WorkerProcess, start_worker
 
@@ -367,3 +369,19 @@ def test_bad_settings_get_400_saying_what_is_allowed(http: Http, body: Any) -> N
     assert resp.status == 400
     assert resp.json()["error"]["message"]
     assert http.get("/v1/speculation").json() == before
+
+
+def test_health_names_the_kernel_variant_a_worker_was_forced_to_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What /health reports is what the worker process chose: force the baseline, read it
+    back (the best variant this CPU runs is chosen otherwise)."""
+    if (why := kernels.why_not("avx2")) is not None or not kernels.available():
+        pytest.skip(why or "the native kernels do not run here")
+    monkeypatch.setenv("ANVE_KERNELS", "avx2")
+    target = save_tiny(tmp_path / "tiny-llama")
+    args = ["--profile", "light", "--target", str(target), "--method", "off",
+            "--data-dir", str(tmp_path / "data")]
+    with start_worker(args, tmp_path) as proc:
+        report = proc.wait_ready()["kernels"]
+    assert report["variant"] == "avx2" and report["forced"] is True
+    assert report["rows_per_pass"] == 8

@@ -427,10 +427,13 @@ class AdminPage(QWidget):
         self.engine.setWordWrap(True)
         self.engine_speculation = QLabel("–")
         self.engine_speculation.setWordWrap(True)
+        self.kernels = QLabel("–")
+        self.kernels.setWordWrap(True)
         form = QFormLayout()
         form.addRow("Address", self.address)
         form.addRow("Engine", self.engine)
         form.addRow("Speculation", self.engine_speculation)
+        form.addRow("CPU kernels", self.kernels)
         form.addRow("State", self.state)
         self.models = QTableWidget(0, 4)
         self.models.setHorizontalHeaderLabels(["Model", "Role", "Context", "Memory"])
@@ -598,6 +601,7 @@ class AdminPage(QWidget):
     def show_health(self, health: Health) -> None:
         self.address.setText(health.url or "–")
         self.state.setText(health.state if health.ready else health.blocked_reason() or "–")
+        self.kernels.setText(health.kernels or "–")
         self.show_engine(health.engine)
         if health.state in ("refused", "incompatible", "unreachable"):
             self._server_status(health.blocked_reason() or health.message, "Error")

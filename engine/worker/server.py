@@ -29,6 +29,7 @@ from typing import Any
 
 from aiohttp import web
 
+from engine import kernels
 from engine.errors import BadRequestError, EngineError
 from engine.protocol import (
     COLD,
@@ -180,6 +181,7 @@ async def health(request: web.Request) -> web.Response:
         "queue": {"waiting": scheduler.waiting, "running": scheduler.running},
         "speculation_load_off": scheduler.load() > worker.settings.config.load_threshold,
         "models": [m.id for m in scheduler.models],
+        "kernels": kernels.report(),
         "protocol_version": PROTOCOL_VERSION,
     })
 
