@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from engine.policy import DraftPolicy, expected_tokens
+from engine.policy import DraftPolicy, expected_tokens, on_line, ratio_between
 
 log = logging.getLogger(__name__)
 
@@ -146,19 +146,13 @@ class Calibration:
     answers: int = 0  # answers folded in since it was measured
 
     def ratio_at(self, k: int) -> float:
-        """``t(k) / t(1)``: measured, else linear between (or beyond) measured sizes."""
-        if k <= 1:
-            return 1.0
-        if k in self.ratios:
-            return self.ratios[k]
+        """``t(k) / t(1)``: measured, else linear between measured sizes; beyond the
+        longest, on the line through the two longest."""
+        between = ratio_between(self.ratios, k)
+        if between is not None:
+            return between
         points = sorted([(1, 1.0), *self.ratios.items()])
-        lo = max(p for p in points if p[0] < k)
-        hi = min((p for p in points if p[0] > k), default=None)
-        if hi is None:
-            if len(points) < 2:
-                return 1.0
-            lo, hi = points[-2], points[-1]
-        return lo[1] + max(0.0, hi[1] - lo[1]) * (k - lo[0]) / (hi[0] - lo[0])
+        return 1.0 if len(points) < 2 else on_line(points[-2], points[-1], k)
 
     def verify_cost(self, k: int) -> float:
         return self.t1 * self.ratio_at(k)

@@ -42,7 +42,7 @@ until the next answer.
 """
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 DECAY = 0.85  # weight of the past in the running estimates, per pass
@@ -64,6 +64,29 @@ def expected_tokens(alpha: float, gamma: float) -> float:
     if alpha >= 1.0:
         return gamma + 1.0
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+Point = tuple[int, float]  # (k, t(k) / t(1))
+
+
+def on_line(lo: Point, hi: Point, k: int) -> float:
+    """The ratio at ``k`` on the line through ``lo`` and ``hi`` (never falling)."""
+    return lo[1] + max(0.0, hi[1] - lo[1]) * (k - lo[0]) / (hi[0] - lo[0])
+
+
+def ratio_between(ratios: Mapping[int, float], k: int) -> float | None:
+    """``t(k) / t(1)`` from measured ``ratios``: measured, else linear between the measured
+    sizes around ``k`` (t(1) = 1); ``None`` beyond the longest measured size, where
+    callers extrapolate as they see fit."""
+    if k <= 1:
+        return 1.0
+    if k in ratios:
+        return ratios[k]
+    points = sorted([(1, 1.0), *ratios.items()])
+    hi = min((p for p in points if p[0] > k), default=None)
+    if hi is None:
+        return None
+    return on_line(max(p for p in points if p[0] < k), hi, k)
 
 
 def choose_gamma(
@@ -169,18 +192,13 @@ class DraftPolicy:
         return (self.t1 or 1.0) * self.ratio_at(k)
 
     def ratio_at(self, k: int) -> float:
-        """``t(k) / t(1)``: measured, else linear between measured sizes (and t(1) = 1)."""
-        if k <= 1:
-            return 1.0
-        if k in self.ratio:
-            return self.ratio[k]
-        points = sorted([(1, 1.0), *self.ratio.items()])
-        lo = max(p for p in points if p[0] < k)
-        hi = min((p for p in points if p[0] > k), default=None)
-        if hi is None:  # beyond the longest measured: its slope from t(1) on
-            hi = lo if lo[0] > 1 else (2, 1.0 + PRIOR_SLOPE)
-            lo = (1, 1.0)
-        return lo[1] + max(0.0, hi[1] - lo[1]) * (k - lo[0]) / (hi[0] - lo[0])
+        """``t(k) / t(1)``: measured, else linear between measured sizes (and t(1) = 1);
+        beyond the longest measured size, that size's slope from t(1) on."""
+        between = ratio_between(self.ratio, k)
+        if between is not None:
+            return between
+        longest = max(self.ratio.items(), default=(2, 1.0 + PRIOR_SLOPE))
+        return on_line((1, 1.0), longest, k)
 
     def next_gamma(self, room: int) -> int:
         """Draft length for the next pass (0 = plain), at most ``room - 1``."""
