@@ -17,6 +17,7 @@ import asyncio
 import gc
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import qasync
@@ -31,9 +32,8 @@ def singleton_refs() -> dict[str, int]:
             "False": sys.getrefcount(False)}
 
 
-async def until(condition: object, what: str) -> None:
+async def until(condition: Callable[..., bool]) -> None:
     """Wait for ``condition()`` (checked between event-loop turns)."""
-    assert callable(condition)
     while not condition():
         await asyncio.sleep(0.005)
 
@@ -56,13 +56,13 @@ async def soak(url: str, data: Path, answers: int) -> dict[str, object]:
     done: list[int] = []
     anve.chat.answer_completed.connect(lambda message_id, _stats: done.append(message_id))
     anve.start()
-    await until(lambda: anve.client.health.ready, "the fake worker ready")
+    await until(lambda: anve.client.health.ready)
     lengths: list[int] = []
     before: dict[str, int] = {}
     for i in range(answers):
         anve.chat.new_conversation()
         assert anve.chat.send(f"Question {i}: explain speculative decoding at length.")
-        await until(lambda n=i: len(done) > n and not anve.chat.busy, f"answer {i}")
+        await until(lambda n=i: len(done) > n and not anve.chat.busy)
         lengths.append(len(anve.chat.messages.history()[-1]["content"]))
         if i == 0:
             before = singleton_refs()
