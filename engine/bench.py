@@ -20,7 +20,7 @@ of a target forward over ``k`` tokens with a warm cache, and the memory-bandwidt
 ceiling (copy bandwidth / bytes of weights read per token). ``--quick`` uses the
 light profile and four prompts. Results go to a JSON file and a Markdown table.
 
-Native kernel variants (:mod:`engine.kernels`): the header names the one that runs;
+Native kernel variants (:mod:`engine.cpu.kernels`): the header names the one that runs;
 ``--variants`` adds plain decoding under every other variant this CPU runs (rows
 ``plain [avx2]`` ...) and an A/B in the same process, variants taking turns: the q4k
 kernel's GMAC/s on a 1536x8960 matrix at 1, 2, 4, 8 and 16 rows
@@ -58,10 +58,10 @@ from typing import Any
 import psutil
 import torch
 
-from engine import kernels
-from engine.accelerate import model_bytes
+from engine.cpu import kernels
+from engine.cpu.layers import Q4KLinear
+from engine.cpu.quantize import model_bytes
 from engine.drafters.suffix import SuffixDrafter
-from engine.fastlinear import Q4KLinear
 from engine.protocol import ACCELERATIONS, Completion
 from engine.registry import PROFILES
 from engine.runner import ModelRunner

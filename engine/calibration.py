@@ -97,7 +97,7 @@ def machine_identity() -> dict[str, str]:
     identity = {"cpu": cpu, "flags": hashlib.sha256(flags.encode()).hexdigest()[:12],
                 "threads": str(os.cpu_count() or 0)}
     try:
-        from engine import kernels
+        from engine.cpu import kernels
 
         variant = getattr(kernels, "variant", None)
         if variant is not None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.quant import GGUFTensor, read_gguf
+from engine.cpu.gguf import GGUFTensor, read_gguf
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.acceptance import greedy_accept, speculative_accept, tree_accept
+from engine.cpu.invariant import MAX_ROWS
 from engine.drafters import EMPTY_DRAFT, Draft, Drafter
-from engine.invariant import MAX_ROWS
 from engine.policy import DraftPolicy
 from engine.protocol import SpeculationStats
 from engine.runner import ModelRunner

@@ -40,7 +40,7 @@ def check_memory(needed: int, what: str) -> None:
 def conversion_bytes(gguf: Path) -> int:
     """About the model data converting ``gguf`` into float32 safetensors holds at once."""
     from engine.convert import STREAMED
-    from engine.quant import read_gguf  # numpy memory map of the header and tensors
+    from engine.cpu.gguf import read_gguf  # numpy memory map of the header and tensors
 
     fields, tensors = read_gguf(gguf)
     elements = [int(np.prod(t.shape, dtype=np.int64)) for t in tensors.values()]

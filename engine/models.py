@@ -4,7 +4,7 @@
 target (and optional draft), refuses to start when the machine lacks the memory for
 both, loads them in ``float32`` (or a requested dtype), and refuses a draft whose
 tokenizer maps strings to different ids than the target's. By default (``accel="auto"``)
-the linear layers then run on the fast CPU kernels of :mod:`engine.accelerate`: the
+the linear layers then run on the fast CPU kernels of :mod:`engine.cpu.quantize`: the
 GGUF's own 4-bit codes where the model came from a GGUF (``"int4+int8"``, row-invariant
 so verification computes exactly what decoding does), else the small-batch float
 product (``"fp32"``). Plain and speculative decoding use the same converted weights.
@@ -27,8 +27,9 @@ from typing import Any
 
 import torch
 
-from engine import kernels, registry, store
-from engine.accelerate import MODES, accelerate, cache_path, model_bytes
+from engine import registry, store
+from engine.cpu import kernels
+from engine.cpu.quantize import MODES, accelerate, cache_path, model_bytes
 from engine.errors import EngineError, IncompatibleModelsError
 from engine.memory import check_memory
 from engine.registry import Progress
@@ -39,7 +40,7 @@ END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 ACCEL_CHOICES = ("auto", *MODES)
 INT4_EFFICIENT_ROWS = 4  # torch's int4 kernel's row block: 5+ rows cost about twice 4
-NATIVE_EFFICIENT_ROWS = 8  # our kernels' rows per pass over the weights (engine.kernels)
+NATIVE_EFFICIENT_ROWS = 8  # our kernels' rows per pass over the weights (engine.cpu.kernels)
 
 
 @dataclass
@@ -52,7 +53,7 @@ class LoadedModel:
     sha256: str | None
     max_context: int
     eos_ids: frozenset[int] = field(default_factory=frozenset)
-    accel: str = "off"  # the engine.accelerate mode the linear layers run in
+    accel: str = "off"  # the engine.cpu.quantize mode the linear layers run in
     efficient_rows: int | None = None  # verify at most this many tokens per forward
     gguf: Path | None = None  # the verified GGUF it was converted from, if any
 

@@ -13,7 +13,7 @@ METHODS = ("draft", "ngram", "suffix", "hybrid", "eagle", "off")
 """Drafting methods by name; ``off`` is plain decoding."""
 
 ACCELERATIONS = ("auto", "off", "fp32", "int4", "int4+int8")
-"""Linear-layer kernels (:mod:`engine.accelerate` modes); ``auto`` picks per model."""
+"""Linear-layer kernels (:mod:`engine.cpu.quantize` modes); ``auto`` picks per model."""
 
 ROLLING_WINDOW, STOP_AT_LIMIT = "rolling_window", "stop"
 CONTEXT_OVERFLOW = (ROLLING_WINDOW, STOP_AT_LIMIT)

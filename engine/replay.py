@@ -37,10 +37,10 @@ import numpy as np
 import torch
 
 from engine.bench import KINDS, PROMPTS, forward_costs, load_prompts
+from engine.cpu.invariant import MAX_ROWS
 from engine.drafters.draft_model import DRAFT_WINDOW
 from engine.drafters.ngram import ngram_lookup
 from engine.drafters.suffix import SuffixDrafter
-from engine.invariant import MAX_ROWS
 from engine.policy import DraftPolicy
 from engine.registry import PROFILES
 from engine.runner import ModelRunner

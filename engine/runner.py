@@ -1,14 +1,14 @@
 """One model, its KV cache, and the token ids that cache covers.
 
 The runner is the only place that calls a model's forward. It keeps a transformers
-``DynamicCache`` (growing in place, :mod:`engine.kvcache`) across calls and the list
+``DynamicCache`` (growing in place, :mod:`engine.cpu.kvcache`) across calls and the list
 of ids the cache holds, so callers roll back by cropping (``truncate``) and reuse a
 shared prefix (``sync``) instead of ever slicing cache tensors by hand. The engine
 knows only token ids.
 
 Every position is computed the same way however the ids reach the cache: where the model
-has a lean step (:mod:`engine.lean`, row-independent layers), every forward, a long
-prompt's included, runs as lean steps of at most :data:`~engine.invariant.MAX_ROWS`
+has a lean step (:mod:`engine.cpu.lean`, row-independent layers), every forward, a long
+prompt's included, runs as lean steps of at most :data:`~engine.cpu.invariant.MAX_ROWS`
 rows, so a position's keys, values, features and logits are bit for bit what one-row
 decoding steps give it. A prompt read whole, read after a cached prefix or a parked
 cache, an answer decoded step by step or verified k rows at a time then all leave the
@@ -34,9 +34,9 @@ from typing import Any
 
 import torch
 
-from engine.invariant import MAX_ROWS
-from engine.kvcache import GrowingLayer, growing_cache, prefix_copy
-from engine.lean import lean_step
+from engine.cpu.invariant import MAX_ROWS
+from engine.cpu.kvcache import GrowingLayer, growing_cache, prefix_copy
+from engine.cpu.lean import lean_step
 
 PREFILL_CHUNK = 512  # tokens per forward when filling the cache with a long prompt
 PARKED = 4  # other conversations' caches kept by resume

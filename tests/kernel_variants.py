@@ -1,12 +1,12 @@
 """The ``variant`` fixture: a test runs once under each native kernel variant
-(:data:`engine.kernels.VARIANTS`), forced with :func:`engine.kernels.use` so one pytest
+(:data:`engine.cpu.kernels.VARIANTS`), forced with :func:`engine.cpu.kernels.use` so one pytest
 process tests them all; a variant this CPU or compiler lacks is skipped with the reason."""
 
 from collections.abc import Iterator
 
 import pytest
 
-from engine import kernels
+from engine.cpu import kernels
 
 
 @pytest.fixture(params=list(kernels.BY_NAME))

@@ -3,10 +3,11 @@
 import pytest
 import torch
 
-from engine import bench, kernels
-from engine.accelerate import accelerate, model_bytes
+from engine import bench
 from engine.bench import KINDS, PROMPTS, Row, Run
-from engine.fastlinear import Int8Linear
+from engine.cpu import kernels
+from engine.cpu.layers import Int8Linear
+from engine.cpu.quantize import accelerate, model_bytes
 from engine.session import ChatEngine
 from tests.tiny import tiny_loaded
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from engine import kernels
+from engine.cpu import kernels
+from engine.cpu.layers import Q4Linear, Q8Linear
 from engine.drafters.vocab import ShortHead, as_int4, short_head
-from engine.fastlinear import Q4Linear, Q8Linear
 
 VOCAB, HIDDEN, SIZE = 96, 64, 40
 

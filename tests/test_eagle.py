@@ -7,14 +7,14 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from engine import kernels
+from engine.cpu import kernels
+from engine.cpu.layers import Q4Linear
+from engine.cpu.lean import native_stack
 from engine.decoding import decode, prefill_drafter
 from engine.drafters.eagle import EagleDrafter, quantize_head
 from engine.errors import HeadFileError, IncompatibleModelsError
-from engine.fastlinear import Q4Linear
 from engine.heads.files import HeadInfo, load_head, save_head
 from engine.heads.model import EagleHead, HeadConfig
-from engine.lean import native_stack
 from engine.runner import ModelRunner
 from engine.sampling import SamplingParams
 from engine.session import ChatEngine

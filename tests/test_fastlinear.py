@@ -12,8 +12,17 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
-from engine import kernels
-from engine.accelerate import (
+from engine.cpu import kernels
+from engine.cpu.gguf import decode_int4
+from engine.cpu.layers import (
+    SMALL_ROWS,
+    FastLinear,
+    Int4Linear,
+    Int8Linear,
+    Q4Linear,
+    QuantizedLinear,
+)
+from engine.cpu.quantize import (
     CACHE_FORMAT,
     CACHE_LINE,
     AccelerationReport,
@@ -22,15 +31,6 @@ from engine.accelerate import (
     cache_path,
     model_bytes,
 )
-from engine.fastlinear import (
-    SMALL_ROWS,
-    FastLinear,
-    Int4Linear,
-    Int8Linear,
-    Q4Linear,
-    QuantizedLinear,
-)
-from engine.quant import decode_int4
 from engine.runner import ModelRunner
 from tests.test_quant import light_gguf, q4_k_blocks, q6_k_blocks, write_gguf
 from tests.tiny import tiny_model

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine.accelerate import accelerate
+from engine.cpu.quantize import accelerate
 from engine.protocol import Completion, PromptProgress, TextChunk
 from engine.runner import ModelRunner
 from engine.sampling import SamplingParams

@@ -9,9 +9,9 @@ import torch
 from gguf import GGMLQuantizationType as QuantType
 from gguf import quants
 
-from engine import kernels, pages
-from engine.accelerate import accelerate, cache_path
-from engine.fastlinear import (
+from engine.cpu import kernels, pages
+from engine.cpu.gguf import GroupQuant, Q6Blocks, decode_int4, decode_q6_k
+from engine.cpu.layers import (
     Int8Linear,
     Q4KLinear,
     Q4Linear,
@@ -22,7 +22,7 @@ from engine.fastlinear import (
     pack_pairs,
     unpack_pairs,
 )
-from engine.quant import GroupQuant, Q6Blocks, decode_int4, decode_q6_k
+from engine.cpu.quantize import accelerate, cache_path
 from tests.test_quant import q4_k_blocks, q6_k_blocks
 
 pytestmark = pytest.mark.skipif(

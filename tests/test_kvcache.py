@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from engine.kvcache import MIN_CAPACITY, GrowingLayer, growing_cache, prefix_copy
+from engine.cpu.kvcache import MIN_CAPACITY, GrowingLayer, growing_cache, prefix_copy
 from engine.runner import ModelRunner
 from tests.tiny import tiny_model
 

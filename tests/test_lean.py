@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import kernels, kvcache
-from engine.accelerate import accelerate
-from engine.kvcache import growing_cache
-from engine.lean import LeanStep, lean_step
+from engine.cpu import kernels, kvcache
+from engine.cpu.kvcache import growing_cache
+from engine.cpu.lean import LeanStep, lean_step
+from engine.cpu.quantize import accelerate
 from engine.runner import ModelRunner
 from tests.test_fastlinear import NATIVE, accelerated, gguf_model
 from tests.tiny import tiny_model

@@ -10,8 +10,9 @@ import pytest
 import torch
 from gguf import GGUFWriter
 
-from engine import kernels, memory, models, registry, store
-from engine.accelerate import cache_path
+from engine import memory, models, registry, store
+from engine.cpu import kernels
+from engine.cpu.quantize import cache_path
 from engine.errors import (
     IncompatibleModelsError,
     InsufficientMemoryError,
@@ -225,7 +226,7 @@ def test_acceleration_modes_match_the_protocol_list() -> None:
 
 def test_a_folder_without_gguf_runs_the_fast_float_layers(tiny_folder: Path,
                                                            tmp_path: Path) -> None:
-    from engine.fastlinear import FastLinear
+    from engine.cpu.layers import FastLinear
 
     target, _ = models.load_pair(str(tiny_folder), data_dir=tmp_path)
     assert target.accel == "fp32" and target.efficient_rows is None

@@ -11,7 +11,7 @@ from gguf import GGUFReader, GGUFWriter, quants
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
 from engine import registry
-from engine.quant import (
+from engine.cpu.gguf import (
     GGUFWeights,
     decode_int4,
     hf_module_name,

@@ -2,7 +2,8 @@
 
 import pytest
 
-from engine import kernels, store
+from engine import store
+from engine.cpu import kernels
 from engine.protocol import ROLLING_WINDOW, Completion
 from engine.session import ChatEngine
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.accelerate import accelerate
+from engine.cpu.quantize import accelerate
 from engine.decoding import decode
 from engine.drafters import Draft
 from engine.drafters.draft_model import DraftModelDrafter

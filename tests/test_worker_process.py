@@ -19,7 +19,7 @@ import pytest
 from openai import OpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
-from engine import kernels
+from engine.cpu import kernels
 from tests.tiny import save_tiny
 from tests.worker_process import Hold, Http, WorkerProcess, start_worker
 

@@ -30,7 +30,7 @@ from typing import Protocol
 
 import torch
 
-from engine.kernels import tree_depths
+from engine.cpu.kernels import tree_depths
 from engine.sampling import SamplingParams
 
 

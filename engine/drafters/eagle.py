@@ -16,7 +16,7 @@ runners that verify trees.
 
 Drafting cost: the head's linear layers run as per-channel int8 on our kernels where
 they run (:func:`quantize_head`), its decoder layer then as one native call per draft
-step (:class:`engine.lean.NativeStack`), and the target's ``lm_head`` is read only for the
+step (:class:`engine.cpu.lean.NativeStack`), and the target's ``lm_head`` is read only for the
 frequent part of the vocabulary plus the end tokens (:mod:`engine.drafters.vocab`),
 about two fifths of its rows for Qwen2.5, those re-rounded to 4 bits; none of it can
 change an answer, only how many drafts are accepted (together 4 % faster drafting with
@@ -33,14 +33,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine.cpu.layers import Q8Linear, native_fits
+from engine.cpu.lean import native_stack
 from engine.drafters import EMPTY_DRAFT, Draft
 from engine.drafters.tree import Level, branch, choose
 from engine.drafters.vocab import DRAFT_VOCAB, short_head
 from engine.errors import EngineError
-from engine.fastlinear import Q8Linear, native_fits
 from engine.heads.files import find_head, load_head
 from engine.heads.model import EagleHead
-from engine.lean import native_stack
 from engine.models import LoadedModel
 from engine.sampling import SamplingParams
 

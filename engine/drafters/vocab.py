@@ -20,7 +20,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from engine.fastlinear import Int8Linear, Q4KLinear, Q4Linear, Q6KLinear, Q8Linear, native_fits
+from engine.cpu.layers import Int8Linear, Q4KLinear, Q4Linear, Q6KLinear, Q8Linear, native_fits
 
 DRAFT_VOCAB = 65536
 ROW_MAJOR = (Q4Linear, Q4KLinear, Q6KLinear, Q8Linear, Int8Linear)

@@ -230,7 +230,7 @@ def answer_batch(runners: Sequence[ModelRunner], prompts: Sequence[list[int]], m
 
     Each prompt is filled by its own runner (one per prompt, all on the same model), then
     every answer still going gets its next token from one
-    :meth:`~engine.lean.LeanStep.batch_step` over all of them: the weights are read once
+    :meth:`~engine.cpu.lean.LeanStep.batch_step` over all of them: the weights are read once
     per step for the whole batch. The numbers agree with :func:`answer`'s within float32
     rounding, so an answer can differ from it only where two tokens all but tie.
     """

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel
 
-from engine.kvcache import growing_cache
+from engine.cpu.kvcache import growing_cache
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import Any
 
 from aiohttp import web
 
-from engine import kernels
+from engine.cpu import kernels
 from engine.errors import BadRequestError, EngineError
 from engine.protocol import (
     COLD,

@@ -16,7 +16,7 @@ to the mode, and the same converted model then serves plain decoding and verific
                 fastest, and with row attention the forward is row-invariant
 ==============  ==============================================================
 
-Where our kernels run (:mod:`engine.kernels`: AVX2 and a compiler), the int4 modes use
+Where our kernels run (:mod:`engine.cpu.kernels`: AVX2 and a compiler), the int4 modes use
 :class:`Q4Linear` (:class:`Q4KLinear` for Q4_K tensors: their exact integer form) and
 :class:`Q8Linear` in place of :class:`Int4Linear` and :class:`Int8Linear`, and Q6_K
 tensors run exactly as :class:`Q6KLinear`: integer-dot kernels, 2-3x faster here,
@@ -24,7 +24,7 @@ equally row-invariant. With
 ``requantize`` (draft models only: a draft's numerics move its acceptance, never the
 output) the tensors with no int4 form are rounded to 4 bits too
 (:meth:`Q4Linear.from_dense`), so a draft reads ~40 % fewer bytes per step. Our kernels'
-weights are then moved into huge pages (:mod:`engine.pages`).
+weights are then moved into huge pages (:mod:`engine.cpu.pages`).
 
 Int4 layers are built only where the decoded GGUF rows equal the loaded weight
 (sampled check), so a GGUF that is not the model's source falls back to dense layers.
@@ -45,8 +45,10 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from engine import kernels, pages
-from engine.fastlinear import (
+from engine.cpu import kernels, pages
+from engine.cpu.gguf import GGUFWeights, GroupQuant, Q6Blocks
+from engine.cpu.invariant import use_row_attention
+from engine.cpu.layers import (
     FastLinear,
     Int4Linear,
     Int8Linear,
@@ -57,8 +59,6 @@ from engine.fastlinear import (
     Q8Linear,
     QuantizedLinear,
 )
-from engine.invariant import use_row_attention
-from engine.quant import GGUFWeights, GroupQuant, Q6Blocks
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +276,7 @@ def accelerate(
 
     ``gguf_path``: the GGUF the model was loaded from (required by the int4 modes).
     ``row_attention`` (default: on for the int4 modes) switches attention to
-    :func:`engine.invariant.row_attention`; when every linear then runs on a
+    :func:`engine.cpu.invariant.row_attention`; when every linear then runs on a
     row-independent kernel (``"int4+int8"``), ``report.row_invariant`` is true: a
     k-token forward gives bit-identical logits to k one-token forwards.
     ``cache_dir``: a folder owned by this model (e.g. its converted-weights cache).

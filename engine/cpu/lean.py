@@ -1,19 +1,19 @@
 """A lean decoding step for Llama/Qwen2-style models: the same computation, less Python.
 
 Contract: :func:`lean_step` returns a :class:`LeanStep` for models it supports (Llama
-and Qwen2 causal LMs on :func:`engine.invariant.row_attention`, no sliding window),
+and Qwen2 causal LMs on :func:`engine.cpu.invariant.row_attention`, no sliding window),
 else ``None``. ``step(ids, cache, rows, keep)`` feeds up to
-:data:`engine.invariant.MAX_ROWS` new tokens at batch size 1 and returns the logits of
+:data:`engine.cpu.invariant.MAX_ROWS` new tokens at batch size 1 and returns the logits of
 the last ``rows`` positions and, with ``keep``, the final normed hidden states: the
 very tensors ``model(input_ids=..., cache=..., logits_to_keep=rows)`` returns, bit for
 bit (same modules, same operations, same order; tested). It skips what a decoding step
 at batch 1 does not need: mask building, output records, kwargs plumbing and module
 hooks, about a fifth of a Qwen 1.5B step on this CPU; and on our kernels it computes
-q, k, v and gate, up each in one native call (:func:`engine.fastlinear.fused`, the same
+q, k, v and gate, up each in one native call (:func:`engine.cpu.layers.fused`, the same
 numbers). Longer inputs (prefill) go through the model's own forward.
 
 Where every linear layer runs on our kernels (float32, SiLU MLP, the cache a
-:class:`engine.kvcache.GrowingLayer` per layer), the layers run instead as one native
+:class:`engine.cpu.kvcache.GrowingLayer` per layer), the layers run instead as one native
 call (:class:`NativeDecoder`, ``anve_decoder_step``): the same computation with RMSNorm,
 rotary, SiLU and the residual adds in C, so the step costs the kernels and little else
 (the draft model's step was a third Python and small torch ops). Its numbers then
@@ -34,10 +34,10 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache
 
-from engine import kernels
-from engine.fastlinear import NativeLinear, fused
-from engine.invariant import MAX_ROWS, ROW_ATTENTION, row_attention
-from engine.kvcache import GrowingLayer
+from engine.cpu import kernels
+from engine.cpu.invariant import MAX_ROWS, ROW_ATTENTION, row_attention
+from engine.cpu.kvcache import GrowingLayer
+from engine.cpu.layers import NativeLinear, fused
 
 SUPPORTED = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM"})
 
@@ -119,7 +119,7 @@ class NativeDecoder:
                  sin: torch.Tensor, tree: torch.Tensor | None = None) -> torch.Tensor:
         """``x [1, T, H]`` through every layer, the new keys and values into ``cache``
         (the KV cache's layers, one per decoder layer); ``tree`` masks as
-        :func:`engine.kernels.tree_masks`."""
+        :func:`engine.cpu.kernels.tree_masks`."""
         if not self._unchanged():
             self._build()
         t = x.shape[1]

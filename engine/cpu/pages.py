@@ -1,7 +1,7 @@
 """Quantized weights in transparent huge pages (Linux), so streaming them costs fewer page walks.
 
 Contract: :func:`to_huge_pages` moves the weight buffers of the given layers (each with
-``BUFFERS`` naming them, as :class:`engine.fastlinear.NativeLinear`) and their biases
+``BUFFERS`` naming them, as :class:`engine.cpu.layers.NativeLinear`) and their biases
 (so no tensor keeps the converted-weights file mapped once it is copied) into one anonymous
 memory arena that the kernel is asked to back with 2 MiB pages (``madvise(MADV_HUGEPAGE)``,
 honoured where ``/sys/kernel/mm/transparent_hugepage/enabled`` says ``always`` or

@@ -8,7 +8,7 @@ Contract of the layers (each replaces one ``nn.Linear``; input ``[..., K]``, out
   about as much as one row where ``F.linear`` costs 2-9x. Outputs equal ``F.linear``
   within float32 rounding (a different summation order, not bit-identical).
 * :class:`Int4Linear` runs torch's CPU kernel ``_weight_int4pack_mm_for_cpu`` on the
-  GGUF's own 4-bit codes (:mod:`engine.quant`), group 32, dequantizing as
+  GGUF's own 4-bit codes (:mod:`engine.cpu.gguf`), group 32, dequantizing as
   ``(q - 8) * scale + zero``. The kernel's fast path wants bfloat16 activations and
   bfloat16 scale/zero, so compared with the GGUF's float32 dequantization the
   differences are: scale and zero rounded to bfloat16 (measured on Qwen Q4_K and
@@ -22,7 +22,7 @@ Contract of the layers (each replaces one ``nn.Linear``; input ``[..., K]``, out
   (measured on Qwen Q6_K: 1 % RMS, 0.15-0.2 of a Q6_K step).
 
 * :class:`Q4Linear` and :class:`Q8Linear` are the same two weight forms run by our own
-  kernels (:mod:`engine.kernels`, where they can run: AVX2 and a compiler), 2-3x
+  kernels (:mod:`engine.cpu.kernels`, where they can run: AVX2 and a compiler), 2-3x
   faster on this CPU at 1-8 rows. Q4: the GGUF's codes with scale and offset rounded to
   float16 (11-bit mantissa, vs bfloat16's 8 above); Q8: the int8 codes above with a
   float32 scale. Both round the activations to int8 per group of 32 inputs (one float
@@ -35,7 +35,7 @@ Contract of the layers (each replaces one ``nn.Linear``; input ``[..., K]``, out
 Row independence: the four quantized layers give each output row the same bits
 whatever the number of rows (their kernels reduce each row on its own);
 ``FastLinear`` does not (float32 BLAS picks different kernels for 1 and k rows).
-:mod:`engine.accelerate` swaps these layers into a loaded model.
+:mod:`engine.cpu.quantize` swaps these layers into a loaded model.
 """
 
 from collections.abc import Callable, Sequence
@@ -45,8 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import kernels
-from engine.quant import GROUP, GroupQuant, Q6Blocks
+from engine.cpu import kernels
+from engine.cpu.gguf import GROUP, GroupQuant, Q6Blocks
 
 SMALL_ROWS = 32  # up to this many rows FastLinear computes (W @ x.T).T
 KERNEL_DTYPE = torch.bfloat16  # the int4/int8 kernels' fast path on AVX2

@@ -8,7 +8,7 @@ feeding the tokens one at a time gives. Longer inputs (prefill) and batches use 
 ``sdpa`` with its usual causal mask, as do sliding-window layers. Assumes no padding
 (the engine decodes one unpadded sequence).
 
-Where the native kernels run (:func:`engine.kernels.row_attention`), float32 rows go
+Where the native kernels run (:func:`engine.cpu.kernels.row_attention`), float32 rows go
 through one C call that computes each row the same way, in place of one ``sdpa`` call
 per row (about 0.2 ms each on this CPU, 28 layers deep).
 
@@ -28,7 +28,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from engine import kernels
+from engine.cpu import kernels
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def row_attention(
 ) -> tuple[torch.Tensor, None]:
     """Attention as transformers calls it; returns ``[B, q, H, Dh]``.
 
-    With ``tree`` (:func:`engine.kernels.tree_masks`, lean steps only) the new rows are
+    With ``tree`` (:func:`engine.cpu.kernels.tree_masks`, lean steps only) the new rows are
     a draft tree's: row ``i`` sees the cache before them and the rows its mask names,
     in order, as if they sat contiguously before it.
     """

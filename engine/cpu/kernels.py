@@ -1,4 +1,4 @@
-"""Our native integer-dot kernels (``engine/csrc/qdot.cpp``): built once, loaded with ctypes.
+"""Our native integer-dot kernels (``engine/cpu/csrc/qdot.cpp``): built once, loaded with ctypes.
 
 Contract: :func:`available` says whether the kernels run here (an x86 CPU with AVX2,
 FMA and F16C, and a C++ compiler the first time). :class:`Layers` computes one or more
@@ -9,10 +9,10 @@ integer form) with them rounded per 256 inputs, as llama.cpp. Each output row is
 bit-identical whatever the number of rows or layers in the call (see the C++ file).
 When the kernels cannot run, the caller keeps torch's own kernels; nothing else changes.
 :func:`row_attention` computes attention for a few query rows over the KV cache, each row
-over its own causal prefix and independent of the others (what :mod:`engine.invariant`
+over its own causal prefix and independent of the others (what :mod:`engine.cpu.invariant`
 needs), without a Python call per row.
 :func:`decoder_step` runs a whole Llama/Qwen2 decoding step of up to 16 tokens through
-every layer (:class:`DecoderModel`, built by :mod:`engine.lean`) in one call. Both take
+every layer (:class:`DecoderModel`, built by :mod:`engine.cpu.lean`) in one call. Both take
 an optional draft tree (:func:`tree_masks`): each row then attends to the cache before
 the step and to its own ancestors among the new rows only.
 
@@ -463,7 +463,7 @@ def decoder_step(model: DecoderModel, x: torch.Tensor, start: int, cos: torch.Te
 
 
 def main() -> int:
-    """``python -m engine.kernels``: build every variant this CPU runs and say which runs."""
+    """``python -m engine.cpu.kernels``: build every variant this CPU runs and say which runs."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         name = variant()
