@@ -92,7 +92,7 @@ build_kernels() {
     # Our int4/int8 kernels are compiled once with the system C++ compiler (a few
     # seconds); without one the engine runs torch's kernels, about 2x slower.
     ensure_debs "a C++ compiler for ANVE's fast CPU kernels" c++:g++
-    .venv/bin/python -m engine.kernels || true
+    .venv/bin/python -m engine.cpu.kernels || true
 }
 
 ensure_window_libraries() {

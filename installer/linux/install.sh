@@ -311,7 +311,7 @@ say "installing ANVE and its pinned dependencies (torch 2.13.0 CPU; several minu
     die "installing ANVE into $venv failed (see pip's message above)" \
         "fix the cause and run the installer again: it picks up where it stopped"
 say "building ANVE's fast CPU kernels (a few seconds with a C++ compiler)"
-"$venv/bin/python" -m engine.kernels >/dev/null 2>&1 ||
+"$venv/bin/python" -m engine.cpu.kernels >/dev/null 2>&1 ||
     note "no C++ compiler here: ANVE runs torch's kernels, about 2x slower" \
         "(Debian/Ubuntu: sudo apt install g++, then run the installer again)"
 window_debs="$("$venv/bin/python" -m app.display 2>/dev/null || true)"
