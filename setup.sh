@@ -127,6 +127,8 @@ case "$mode" in
         build_kernels
         echo "== installing the light model used by the tests"
         .venv/bin/python -m engine.models install light
+        echo "== checking the import contracts (pyproject.toml's [tool.importlinter])"
+        .venv/bin/lint-imports --no-cache --no-logo
         exec .venv/bin/python -m pytest -m "not slow and not perf" "$@"
         ;;
     *)
