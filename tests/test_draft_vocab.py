@@ -1,19 +1,49 @@
-"""The short output layer of drafters: the kept ids' logits unchanged, the rest ``-inf``."""
+"""The short output layer of drafters: the kept ids' logits unchanged, the rest ``-inf``;
+rankings read from files, and every bad file a logged fallback to the low-id rule."""
+
+import logging
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType as QuantType
 from torch import nn
 
 from engine.cpu import kernels
-from engine.cpu.layers import Q4Linear, Q8Linear
-from engine.drafters.vocab import ShortHead, as_int4, short_head
+from engine.cpu.gguf import decode_int4, decode_q6_k
+from engine.cpu.layers import Int8Linear, Q4KLinear, Q4Linear, Q6KLinear, Q8Linear
+from engine.decoding import decode
+from engine.drafters import vocab as vocab_mod
+from engine.drafters.draft_model import DraftModelDrafter
+from engine.drafters.eagle import EagleDrafter
+from engine.drafters.vocab import (
+    Ranking,
+    ShortHead,
+    as_int4,
+    draft_head,
+    frequent_ids,
+    load_ranking,
+    save_ranking,
+    short_head,
+    tokenizer_hash,
+)
+from engine.models import LoadedModel
+from engine.runner import ModelRunner
+from engine.sampling import SamplingParams
+from tests.stats import matches
+from tests.test_decoding import _exact_two_token_distribution
+from tests.test_eagle import random_head
+from tests.test_quant import q4_k_blocks, q6_k_blocks
+from tests.tiny import tiny_model
 
 VOCAB, HIDDEN, SIZE = 96, 64, 40
+NATIVE = pytest.mark.skipif(not kernels.available(), reason="needs the native kernels (AVX2)")
 
 
-def check(layer: nn.Module, exact: bool) -> None:
+def check(layer: nn.Module, exact: bool, hidden: int = HIDDEN) -> None:
     torch.manual_seed(0)
-    x = torch.randn(3, HIDDEN)
+    x = torch.randn(3, hidden)
     short = short_head(layer, extra_ids=[90, 3, 95], size=SIZE)
     assert isinstance(short, ShortHead)
     full, out = layer(x), short(x)  # [3, V]
@@ -25,32 +55,80 @@ def check(layer: nn.Module, exact: bool) -> None:
     assert torch.isinf(out[:, dropped]).all() and (out[:, dropped] < 0).all()
 
 
+def check_gathered(layer: nn.Module, exact: bool, hidden: int = HIDDEN) -> None:
+    """A ranking's ids (any order, with a duplicate end token) gathered into one layer."""
+    torch.manual_seed(0)
+    x = torch.randn(3, hidden)
+    ranked = [77, 5, 60, 12, 90, 31, 0, 95]
+    short = short_head(layer, extra_ids=[95, 93], ids=ranked)
+    assert isinstance(short, ShortHead) and not len(short.extra_ids)
+    full, out = layer(x), short(x)  # [3, V]
+    kept = torch.tensor(sorted({*ranked, 93}))
+    assert torch.equal(short.kept, kept) and short.size == len(kept)
+    same = torch.equal if exact else torch.allclose
+    assert same(out[:, kept], full[:, kept])
+    dropped = torch.ones(VOCAB, dtype=torch.bool)
+    dropped[kept] = False
+    assert torch.isinf(out[:, dropped]).all() and (out[:, dropped] < 0).all()
+
+
 def test_a_dense_head_keeps_the_frequent_and_named_ids() -> None:
     torch.manual_seed(1)
     check(nn.Linear(HIDDEN, VOCAB, bias=True), exact=False)
+    check_gathered(nn.Linear(HIDDEN, VOCAB, bias=True), exact=True)
 
 
-@pytest.mark.skipif(not kernels.available(), reason="needs the native kernels (AVX2)")
-@pytest.mark.parametrize("kind", ["q4", "q8"])
-def test_quantized_heads_give_the_same_rows_bit_for_bit(kind: str) -> None:
+def quantized(kind: str) -> tuple[nn.Module, int]:
+    """A ``kind`` layer of VOCAB rows and its input size."""
     torch.manual_seed(2)
     weight, bias = torch.randn(VOCAB, HIDDEN), torch.randn(VOCAB)
-    layer = Q4Linear.from_dense(weight, bias) if kind == "q4" else Q8Linear.from_weight(weight)
-    check(layer, exact=True)
+    if kind == "q4":
+        return Q4Linear.from_dense(weight, bias), HIDDEN
+    if kind == "q8":
+        return Q8Linear.from_weight(weight), HIDDEN
+    if kind == "int8":
+        return Int8Linear.from_weight(weight, bias), HIDDEN
+    k = 256  # the K-quants' super-block
+    if kind == "q4k":
+        return Q4KLinear.from_groups(decode_int4(q4_k_blocks(VOCAB, k), QuantType.Q4_K, VOCAB, k),
+                                     torch.randn(VOCAB)), k
+    return Q6KLinear.from_blocks(decode_q6_k(q6_k_blocks(VOCAB, k), VOCAB, k)), k
+
+
+@NATIVE
+@pytest.mark.parametrize("kind", ["q4", "q8", "q4k", "q6k"])
+def test_quantized_heads_give_the_same_rows_bit_for_bit(kind: str) -> None:
+    layer, hidden = quantized(kind)
+    check(layer, exact=True, hidden=hidden)
+    check_gathered(layer, exact=True, hidden=hidden)
+
+
+def test_int8_heads_give_the_same_rows() -> None:
+    layer, hidden = quantized("int8")  # torch's int8 product: same rows, maybe not same bits
+    check(layer, exact=False, hidden=hidden)
+    check_gathered(layer, exact=False, hidden=hidden)
 
 
 def test_a_small_vocabulary_or_an_unknown_layer_is_left_alone() -> None:
     small = nn.Linear(HIDDEN, SIZE)
     assert short_head(small, [], size=SIZE) is small
+    assert short_head(small, [1], ids=range(SIZE)) is small  # every id kept
 
     class Odd(nn.Module):
         out_features = VOCAB
 
     odd = Odd()
     assert short_head(odd, [], size=SIZE) is odd
+    assert short_head(odd, [], ids=[1, 2]) is odd
 
 
-@pytest.mark.skipif(not kernels.available(), reason="needs the native kernels (AVX2)")
+def test_ids_outside_the_vocabulary_are_ignored() -> None:
+    layer = nn.Linear(HIDDEN, VOCAB)
+    short = short_head(layer, extra_ids=[VOCAB + 5], ids=[3, 1, VOCAB, -1])
+    assert torch.equal(short.kept, torch.tensor([1, 3]))
+
+
+@NATIVE
 def test_an_int4_short_head_rounds_only_the_kept_rows() -> None:
     torch.manual_seed(3)
     layer = nn.Linear(HIDDEN, VOCAB, bias=True)
@@ -63,6 +141,9 @@ def test_an_int4_short_head_rounds_only_the_kept_rows() -> None:
     assert 0 < rounded < 0.1  # 4 bits per 32 inputs: close, not equal
     assert torch.isinf(out[:, SIZE:90]).all()
     assert isinstance(as_int4(nn.Linear(HIDDEN, SIZE)), Q4Linear)
+    gathered = short_head(layer, extra_ids=[95], ids=[50, 7], int4=True)
+    assert isinstance(gathered.frequent, Q4Linear)
+    assert torch.allclose(gathered(x)[:, [7, 50, 95]], full[:, [7, 50, 95]], rtol=0.1, atol=0.1)
 
 
 def test_int4_leaves_layers_it_cannot_read_or_run_alone() -> None:
@@ -70,3 +151,204 @@ def test_int4_leaves_layers_it_cannot_read_or_run_alone() -> None:
     assert as_int4(odd) is odd
     q8 = Q8Linear.from_weight(torch.randn(VOCAB, HIDDEN)) if kernels.available() else odd
     assert as_int4(q8) is q8
+
+
+class Tokenizer:
+    """Just enough of a tokenizer for the hash: a string per id."""
+
+    def __init__(self, size: int, salt: str = "") -> None:
+        self.size, self.salt = size, salt
+
+    def get_vocab(self) -> dict[str, int]:
+        return {f"t{i}{self.salt}": i for i in range(self.size)}
+
+
+def write(folder: Path, name: str, ids: list[int], tokenizer: Tokenizer) -> Path:
+    path = folder / f"{name}{vocab_mod.SUFFIX}"
+    save_ranking(path, Ranking(torch.tensor(ids), tokenizer_hash(tokenizer), {"why": "test"}))
+    return path
+
+
+def test_a_ranking_round_trips_and_gives_its_top_ids_sorted(tmp_path: Path) -> None:
+    tok = Tokenizer(VOCAB)
+    path = write(tmp_path, "a", [9, 4, 70, 2, 33], tok)
+    ranking = load_ranking(path)
+    assert ranking.ids.tolist() == [9, 4, 70, 2, 33] and ranking.info == {"why": "test"}
+    assert ranking.top(3).tolist() == [4, 9, 70]
+    assert frequent_ids(tok, VOCAB, size=3, folder=tmp_path).tolist() == [4, 9, 70]  # type: ignore[union-attr]
+    assert tokenizer_hash(tok) != tokenizer_hash(Tokenizer(VOCAB, salt="x"))
+
+
+def test_the_drafter_head_uses_a_fitting_ranking(tmp_path: Path) -> None:
+    tok = Tokenizer(VOCAB)
+    write(tmp_path, "other", [1, 2, 3], Tokenizer(VOCAB, salt="x"))  # another tokenizer
+    write(tmp_path, "mine", [50, 60, 70, 80], tok)
+    layer = nn.Linear(HIDDEN, VOCAB)
+    head = draft_head(layer, [95], tok, size=2, folder=tmp_path)
+    assert isinstance(head, ShortHead) and head.kept.tolist() == [50, 60, 95]
+
+
+def fallback(tmp_path: Path, caplog: pytest.LogCaptureFixture, tok: Tokenizer | None,
+             words: str) -> None:
+    layer = nn.Linear(HIDDEN, VOCAB)
+    with caplog.at_level(logging.INFO, logger=vocab_mod.__name__):
+        head = draft_head(layer, [95], tok, size=SIZE, folder=tmp_path)
+    assert isinstance(head, ShortHead) and head.kept.tolist() == [*range(SIZE), 95]  # low ids
+    if words:
+        assert words in caplog.text
+
+
+def test_no_ranking_falls_back_to_low_ids(tmp_path: Path,
+                                          caplog: pytest.LogCaptureFixture) -> None:
+    fallback(tmp_path, caplog, Tokenizer(VOCAB), "no ranked list for this tokenizer")
+    fallback(tmp_path, caplog, None, "")  # no tokenizer (tests' bare models)
+
+
+def test_a_mismatched_ranking_falls_back_logged(tmp_path: Path,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    write(tmp_path, "other", [1, 2, 3], Tokenizer(VOCAB, salt="x"))
+    fallback(tmp_path, caplog, Tokenizer(VOCAB), "no ranked list for this tokenizer")
+    tok = Tokenizer(VOCAB, salt="y")
+    write(tmp_path, "big", [1, VOCAB + 3], tok)  # made for a larger output layer
+    fallback(tmp_path, caplog, tok, "names ids beyond the model's 96 rows")
+
+
+@pytest.mark.parametrize("content", [b"", b"not a safetensors file at all", b"\xff" * 64])
+def test_a_damaged_ranking_file_is_skipped_logged(tmp_path: Path, content: bytes,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / f"broken{vocab_mod.SUFFIX}").write_bytes(content)
+    fallback(tmp_path, caplog, Tokenizer(VOCAB), "skipping")
+
+
+def test_a_foreign_safetensors_file_is_skipped_logged(tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    from safetensors.torch import save_file
+
+    save_file({"ids": torch.tensor([1, 2])}, str(tmp_path / f"a{vocab_mod.SUFFIX}"))  # no format
+    save_file({"ids": torch.tensor([[1, 2]], dtype=torch.int32)},
+              str(tmp_path / f"b{vocab_mod.SUFFIX}"),
+              metadata={"format": vocab_mod.FORMAT, "tokenizer_sha256": "0"})  # 2-d
+    save_file({"ids": torch.tensor([1, 1], dtype=torch.int32)},
+              str(tmp_path / f"c{vocab_mod.SUFFIX}"),
+              metadata={"format": vocab_mod.FORMAT, "tokenizer_sha256": "0"})  # repeated
+    fallback(tmp_path, caplog, Tokenizer(VOCAB), "skipping")
+    for name in "abc":
+        assert f"{name}{vocab_mod.SUFFIX}" in caplog.text
+
+
+GREEDY = SamplingParams()
+
+
+def loaded(model: nn.Module, tokenizer: Tokenizer | None) -> LoadedModel:
+    return LoadedModel("m", model, tokenizer, None, model.config.max_position_embeddings)
+
+
+def plain(target: nn.Module, prompt: list[int], n: int = 20) -> list[int]:
+    steps = decode(ModelRunner(target), prompt, params=GREEDY, max_new_tokens=n,
+                   max_context=256)
+    return [t for step in steps for t in step.tokens]
+
+
+def spy(drafter: Any) -> list[int]:
+    """The tokens ``drafter`` proposes from now on (a list that grows)."""
+    proposed: list[int] = []
+    propose = drafter.propose
+
+    def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
+        draft = propose(*args, **kwargs)
+        proposed.extend(draft.tokens)
+        return draft
+
+    drafter.propose = recording
+    return proposed
+
+
+def ranked_without_likely(target: nn.Module, prompts: list[list[int]], vocab: int,
+                          folder: Path) -> tuple[list[list[int]], list[int], list[int], Tokenizer]:
+    """Plain answers, the 6 ids they use most, a ranking of all other ids (written to
+    ``folder``) and its tokenizer."""
+    plains = [plain(target, p) for p in prompts]
+    said = torch.bincount(torch.tensor([t for p in plains for t in p]), minlength=vocab)
+    likely = said.argsort(descending=True)[:6].tolist()
+    ranked = [i for i in range(vocab) if i not in likely][::-1]  # any order; no likely id
+    tok = Tokenizer(vocab)
+    write(folder, "tiny", ranked, tok)
+    return plains, likely, ranked, tok
+
+
+PROMPTS = [[5, 9, 14, 5, 9], [30, 31, 32], [7] * 6, [40, 2, 18, 40, 2, 18]]
+
+
+def test_greedy_eagle_over_a_ranking_without_the_likely_tokens_equals_plain(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranking leaves out the ids plain decoding says most: those are never drafted,
+    and the answers stay the same."""
+    vocab = 64
+    target = tiny_model("llama", vocab_size=vocab, seed=1, scale=4.0)
+    plains, likely, ranked, tok = ranked_without_likely(target, PROMPTS, vocab, tmp_path)
+    monkeypatch.setattr(vocab_mod, "ASSETS", tmp_path)
+    drafter = EagleDrafter(random_head(target), target, min_confidence=0.0,
+                           draft_vocab=len(ranked), keep_ids=[vocab - 1], tokenizer=tok)
+    assert drafter.lm_head.kept.tolist() == sorted({*ranked, vocab - 1})
+    proposed, drafted = spy(drafter), 0
+    for i, (prompt, answer) in enumerate(zip(PROMPTS, plains, strict=True)):
+        steps = list(decode(ModelRunner(target), prompt, params=GREEDY, max_new_tokens=20,
+                            max_context=256, drafter=drafter, num_draft_tokens=2 + i))
+        assert [t for s in steps for t in s.tokens] == answer
+        drafted += sum(s.drafted for s in steps)
+    assert drafted > 0 and proposed and not set(proposed) & set(likely)
+
+
+def test_greedy_draft_model_over_a_ranking_without_the_likely_tokens_equals_plain(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The draft is the target itself, its ranking without the likely ids: every draft it
+    may make is right, the likely ids are never drafted, the answers the same."""
+    vocab = 64
+    target = tiny_model("llama", vocab_size=vocab, seed=1, scale=4.0)
+    same = tiny_model("llama", vocab_size=vocab, seed=1, scale=4.0)
+    plains, likely, ranked, tok = ranked_without_likely(target, PROMPTS, vocab, tmp_path)
+    monkeypatch.setattr(vocab_mod, "ASSETS", tmp_path)
+    accepted = 0
+    for prompt, answer in zip(PROMPTS, plains, strict=True):
+        drafter = DraftModelDrafter(loaded(same, tok), vocab, min_confidence=0.0,
+                                    draft_vocab=len(ranked), int4_vocab=False, window=None)
+        proposed = spy(drafter)
+        steps = list(decode(ModelRunner(target), prompt, params=GREEDY, max_new_tokens=20,
+                            max_context=256, drafter=drafter, num_draft_tokens=3))
+        assert [t for s in steps for t in s.tokens] == answer
+        accepted += sum(s.accepted for s in steps)
+        if getattr(drafter.runner, "lean", True) is not None:  # its logits from the short head
+            assert not set(proposed) & set(likely)
+    assert accepted > 0
+
+
+def test_sampling_over_a_ranking_keeps_the_target_distribution_outside_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """q is zero outside the kept ids, so the target's likeliest tokens, left out of the
+    ranking, still come with their probability (from the rejections' residual)."""
+    vocab = 8
+    target = tiny_model("llama", vocab_size=vocab, seed=11, scale=3.0)
+    prompt = [1, 2, 3]
+    exact = _exact_two_token_distribution(target, prompt)
+    first = exact.reshape(vocab, vocab).sum(1)
+    ranked = first.argsort().tolist()[:5]  # the 3 likeliest first tokens left out
+    tok = Tokenizer(vocab)
+    write(tmp_path, "tiny", ranked, tok)
+    monkeypatch.setattr(vocab_mod, "ASSETS", tmp_path)
+    drafter = EagleDrafter(random_head(target), target, min_confidence=0.0,
+                           draft_vocab=len(ranked), tokenizer=tok)
+    proposed = spy(drafter)
+    counts = torch.zeros(vocab * vocab)
+    drafted = 0
+    runner = ModelRunner(target)
+    for seed in range(1500):
+        params = SamplingParams(temperature=1.0, seed=seed)
+        steps = list(decode(runner, prompt, params=params, max_new_tokens=2, max_context=256,
+                            drafter=drafter, num_draft_tokens=2,
+                            generator=torch.Generator().manual_seed(seed)))
+        drafted += sum(s.drafted for s in steps)
+        t1, t2 = [t for s in steps for t in s.tokens][:2]
+        counts[t1 * vocab + t2] += 1
+    assert drafted > 0 and set(proposed) <= set(ranked)
+    assert counts.reshape(vocab, vocab).sum(1)[first.argsort()[5:]].sum() > 0  # left-out ids
+    assert matches(counts, exact)

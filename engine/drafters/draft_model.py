@@ -34,7 +34,7 @@ import torch
 
 from engine.drafters import EMPTY_DRAFT, Draft
 from engine.drafters.tree import Level, branch, choose
-from engine.drafters.vocab import DRAFT_VOCAB, short_head
+from engine.drafters.vocab import draft_head
 from engine.models import LoadedModel
 from engine.runner import ModelRunner, shared_prefix
 from engine.sampling import SamplingParams
@@ -58,15 +58,15 @@ class DraftModelDrafter:
 
     def __init__(
         self, draft: LoadedModel, target_vocab_size: int, min_confidence: float = 0.8,
-        draft_vocab: int = DRAFT_VOCAB, branches: int = 0, min_branch: float = 0.1,
+        draft_vocab: int | None = None, branches: int = 0, min_branch: float = 0.1,
         int4_vocab: bool = True, window: int | None = DRAFT_WINDOW,
     ) -> None:
         if window is not None and window < 1:
             raise ValueError(f"the draft window must be at least 1 token, not {window}")
         self.loaded = draft
         # decoding steps read the draft's lm_head only for frequent ids (int4) and end tokens
-        head = short_head(draft.model.get_output_embeddings(), draft.eos_ids, draft_vocab,
-                          int4_vocab)
+        head = draft_head(draft.model.get_output_embeddings(), draft.eos_ids, draft.tokenizer,
+                          draft_vocab, int4_vocab)
         self.runner = ModelRunner(draft.model, head)
         self.vocab_size = target_vocab_size
         self.min_confidence = min_confidence

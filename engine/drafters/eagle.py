@@ -37,7 +37,7 @@ from engine.cpu.layers import Q8Linear, native_fits
 from engine.cpu.lean import native_stack
 from engine.drafters import EMPTY_DRAFT, Draft
 from engine.drafters.tree import Level, branch, choose
-from engine.drafters.vocab import DRAFT_VOCAB, short_head
+from engine.drafters.vocab import draft_head
 from engine.errors import EngineError
 from engine.heads.files import find_head, load_head
 from engine.heads.model import EagleHead
@@ -54,13 +54,15 @@ class EagleDrafter:
     wants_hidden = True
 
     def __init__(self, head: EagleHead, target: Any, min_confidence: float = 0.3,
-                 draft_vocab: int = DRAFT_VOCAB, keep_ids: Sequence[int] = (),
-                 branches: int = 0, min_branch: float = 0.1, int4_vocab: bool = True) -> None:
+                 draft_vocab: int | None = None, keep_ids: Sequence[int] = (),
+                 branches: int = 0, min_branch: float = 0.1, int4_vocab: bool = True,
+                 tokenizer: Any | None = None) -> None:
         self.head = head.eval()
         self.stack = native_stack(head.decoder)  # its layer in one native call where it can
-        # called as a module, never read: the frequent ids and keep_ids (end tokens)
-        self.lm_head = short_head(target.get_output_embeddings(), keep_ids, draft_vocab,
-                                  int4_vocab)
+        # called as a module, never read: the frequent ids (the tokenizer's ranking, else
+        # low ids) and keep_ids (end tokens)
+        self.lm_head = draft_head(target.get_output_embeddings(), keep_ids, tokenizer,
+                                  draft_vocab, int4_vocab)
         self.embed = target.get_input_embeddings()
         self.min_confidence = min_confidence
         self.branches, self.min_branch = branches, min_branch  # tree drafting (tree.py)
@@ -178,4 +180,5 @@ def eagle_for(
         log.warning("not offering eagle: %s", exc)
         return None
     log.info("eagle head %s (held-out acceptance %s)", path, info.held_out_acceptance)
-    return EagleDrafter(quantize_head(head), target.model, keep_ids=sorted(target.eos_ids))
+    return EagleDrafter(quantize_head(head), target.model, keep_ids=sorted(target.eos_ids),
+                        tokenizer=target.tokenizer)
