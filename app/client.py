@@ -94,6 +94,28 @@ def describe_kernels(report: Any) -> str:
     return text + (" (forced)" if report.get("forced") else " (the best this CPU runs)")
 
 
+def describe_plan(plan: Any) -> str:
+    """A ``/health`` ``plans`` entry (how a model's forward runs) in words ("" when the
+    worker sent none), e.g. "native kernels (avx512): 196 q4k, 56 q6k layers, output q6k;
+    attention in C; 16 rows a verification, 64 a prompt read"."""
+    if not isinstance(plan, dict):
+        return ""
+    formats = plan.get("formats")
+    layers = ", ".join(f"{n} {name}" for name, n in sorted(formats.items())
+                       if isinstance(n, int)) if isinstance(formats, dict) else ""
+    if plan.get("backend") == "native":
+        where = f"native kernels ({plan.get('variant')})"
+    else:
+        where = "torch reference" + (f" ({plan['why_reference']})"
+                                     if plan.get("why_reference") else "")
+    parts = [f"{where}: {layers or 'no'} layers, output {plan.get('output', '?')}",
+             f"attention {plan.get('attention', '?')}"]
+    if isinstance(plan.get("tree_rows"), int) and isinstance(plan.get("read_rows"), int):
+        parts.append(f"{plan['tree_rows']} rows a verification, {plan['read_rows']} a prompt "
+                     "read")
+    return "; ".join(parts)
+
+
 @dataclass(frozen=True)
 class Health:
     """The worker as the window should describe it."""
@@ -106,6 +128,7 @@ class Health:
     url: str | None = None
     engine: EngineInfo | None = None  # what the URL serves, once detected
     kernels: str = ""  # our worker's CPU kernels in words (describe_kernels)
+    forward: str = ""  # how the target's forward runs, in words (describe_plan)
 
     @property
     def ready(self) -> bool:
@@ -400,6 +423,7 @@ class WorkerClient(QObject):
             message=str(body.get("message", "")), load_off=bool(body.get("speculation_load_off")),
             models=tuple(body.get("models") or ()), url=url, engine=self.engine,
             kernels=describe_kernels(body.get("kernels")),
+            forward=describe_plan((body.get("plans") or {}).get("target")),
         )
 
     async def _foreign_health(self, url: str, engine: EngineInfo) -> Health:

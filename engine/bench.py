@@ -141,9 +141,7 @@ def enter(engine: ChatEngine, state: RowState) -> None:
     engine.policies = state.policies
     engine.drafters["suffix"] = state.suffix
     for drafter in engine.drafters.values():
-        forget = getattr(drafter, "reset", None)  # drafters with a cache of their own
-        if callable(forget):
-            forget()
+        drafter.reset()  # drafters with a cache of their own
 
 
 def run_ours(engine: ChatEngine, ids: list[int], kind: str, method: str, k: DraftLength,
@@ -494,6 +492,8 @@ def markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         + f" · linear layers {meta['accel']}"
         + f" · native kernels {meta.get('kernels') or 'off'}",
         "",
+        f"Target forward: {meta.get('plan_summary', 'not recorded')}",
+        "",
         "| row | tok/s | speedup | generation tok/s² | speedup² | acceptance | tokens/pass "
         "| identical¹ | peak RSS |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | :---: | ---: |",
@@ -578,8 +578,7 @@ def row_specs(engine: ChatEngine, k: int, max_tokens: int,
         if method in engine.methods:
             specs += [(f"{method} k={k}", ours(method, k)),
                       (f"{method} adaptive", ours(method, ADAPTIVE))]
-        if method in ("draft", "eagle") and method in engine.methods \
-                and engine.runner.verifies_trees:
+        if method in ("draft", "eagle") and method in engine.methods:
             specs.append((f"{method} tree k={k}", ours(method, k, TREE_BRANCHES)))
     if engine.draft is not None:
         specs.append(("transformers assisted (draft model)", peer("assisted")))
@@ -722,6 +721,8 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(), "profile": profile,
         "target": target, "draft": draft, "dtype": args.dtype, "prompts": len(prompts),
         "accel": engine.target.accel, "fixed_k": k, "kernels": running,
+        "plan": engine.runner.model_forward.plan.to_dict(),
+        "plan_summary": engine.runner.model_forward.plan.summary(),
         "variant_ab": ab,
         "max_tokens": args.max_tokens, "verify_cost_s": costs, "copy_gb_s": bandwidth / 1e9,
         "weight_gb": weights / 1e9, "ceiling_tps": bandwidth / weights,

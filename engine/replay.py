@@ -37,7 +37,6 @@ import numpy as np
 import torch
 
 from engine.bench import KINDS, PROMPTS, forward_costs, load_prompts
-from engine.cpu.invariant import MAX_ROWS
 from engine.drafters.draft_model import DRAFT_WINDOW
 from engine.drafters.ngram import ngram_lookup
 from engine.drafters.suffix import SuffixDrafter
@@ -193,8 +192,8 @@ def trace(runner: ModelRunner, case: Case, window: int | None = DRAFT_WINDOW) ->
     fed = [case.prompt[-1], *case.answer[:-1]]
     predicted: list[int] = []
     confidence: list[float] = []
-    for at in range(0, len(fed), MAX_ROWS):
-        chunk = fed[at : at + MAX_ROWS]
+    for at in range(0, len(fed), runner.tree_rows):  # bounded logits [rows, V] at a time
+        chunk = fed[at : at + runner.tree_rows]
         top = runner.forward(chunk, rows=len(chunk)).float().softmax(-1).max(-1)  # [n]
         predicted += top.indices.tolist()
         confidence += top.values.tolist()

@@ -274,7 +274,8 @@ class ChatEngine:
         self.policies: dict[str, DraftPolicy] = {}
         self.calibration: Calibration | None = None
         self.observations = Observations()
-        self.calibration_key = cache_key(machine_identity(), model_identity([target, draft]))
+        self.calibration_key = cache_key(machine_identity(self.runner.model_forward.plan.variant),
+                                         model_identity([target, draft]))
         self._cache: CalibrationCache | None = None
         self.last_choice: Choice | None = None
         self.method = self.check_method(method or DEFAULT_METHOD)
@@ -612,7 +613,7 @@ class ChatEngine:
         recorder = StatsRecorder(method, method != "off", len(prompt), adaptive=adaptive)
         runner, drafters = self._cold() if cold else (self.runner, self.drafters)
         drafter = drafters.get(method)
-        runner.keep_hidden(bool(getattr(drafter, "wants_hidden", False)))
+        runner.keep_hidden(drafter is not None and drafter.wants_hidden)
         # another conversation's parked cache, if it fits
         recorder.cached_tokens = runner.resume(prompt[:-1])
         read = yield from self._read_prompt(runner, prompt[:-1], cancel)  # the drafter's later

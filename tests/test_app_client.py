@@ -19,6 +19,7 @@ from app.client import (
     AnswerResult,
     WorkerClient,
     describe_kernels,
+    describe_plan,
 )
 from tests.app_support import finish, qasync_loop
 from tests.foreign_support import serve
@@ -149,3 +150,18 @@ def test_the_kernels_a_worker_runs_read_as_words() -> None:
         "avx2, 8 rows a pass (forced)")
     assert describe_kernels({"variant": None, "rows_per_pass": 0}).startswith("torch's")
     assert describe_kernels(None) == "" and describe_kernels("avx2") == ""
+
+
+def test_a_forward_plan_reads_as_words() -> None:
+    native = {"backend": "native", "variant": "avx512", "formats": {"q6k": 56, "q4k": 140},
+              "output": "q6k", "attention": "native rows (C), in the same call",
+              "tree_rows": 16, "read_rows": 64, "why_reference": None}
+    assert describe_plan(native) == (
+        "native kernels (avx512): 140 q4k, 56 q6k layers, output q6k; attention native rows "
+        "(C), in the same call; 16 rows a verification, 64 a prompt read")
+    reference = {"backend": "reference", "formats": {"dense": 14}, "output": "dense",
+                 "attention": "torch sdpa, one call per row",
+                 "why_reference": "the native kernels do not run here"}
+    assert describe_plan(reference).startswith(
+        "torch reference (the native kernels do not run here): 14 dense layers")
+    assert describe_plan(None) == "" and describe_plan([1]) == ""

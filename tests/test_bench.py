@@ -138,11 +138,10 @@ def test_rows_rotate_per_prompt_and_keep_their_own_suffix_corpus() -> None:
     assert seen == [("a", 0), ("b", 0), ("a", 0), ("b", 0), ("b", 1), ("a", 1)]
 
 
-def test_tree_rows_run_where_the_target_verifies_trees(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tree_rows_verify_trees(monkeypatch: pytest.MonkeyPatch) -> None:
     target = tiny_loaded(seed=1, scale=8.0, dtype=torch.float32)
-    accelerate(target.model, None, "fp32", row_attention=True)
+    accelerate(target.model, None, "fp32")
     engine = ChatEngine(target, tiny_loaded(seed=2, scale=8.0, dtype=torch.float32))
-    assert engine.runner.verifies_trees
     monkeypatch.setattr(engine.drafters["draft"], "min_branch", 0.0)
     trees = []
     verify = engine.runner.forward_tree

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine.decoding import decode, prefill_drafter
-from engine.drafters import Draft
+from engine.drafters import Draft, Drafter
 from engine.drafters.draft_model import DraftModelDrafter
 from engine.drafters.hybrid import HybridDrafter
 from engine.drafters.ngram import NgramDrafter
@@ -43,7 +43,7 @@ def prompts(count: int, vocab: int, seed: int) -> list[list[int]]:
     return out
 
 
-class FixedDrafter:
+class FixedDrafter(Drafter):
     """Proposes a given list of tokens once (for controlled rejections)."""
 
     name = "fixed"
@@ -54,9 +54,6 @@ class FixedDrafter:
     def propose(self, context, k, params, generator):  # type: ignore[no-untyped-def]
         out, self.tokens = self.tokens[:k], ()
         return Draft(out)
-
-    def observe(self, context, proposed, accepted):  # type: ignore[no-untyped-def]
-        pass
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])

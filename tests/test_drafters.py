@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.drafters import Draft
+from engine.drafters import Draft, Drafter
 from engine.drafters.hybrid import HybridDrafter
 from engine.drafters.ngram import NgramDrafter, ngram_lookup
 from engine.drafters.suffix import SuffixDrafter, SuffixIndex, frequent_path, match_lengths
@@ -70,10 +70,11 @@ def test_suffix_index_forgets_the_oldest_documents_when_full() -> None:
     assert index.ends([0, 1], 10).size == 0
 
 
-class Recording:
+class Recording(Drafter):
     """A drafter that proposes fixed tokens (with a marker ``q``) and records calls."""
 
     name = "model"
+    reads_prompt = True
 
     def __init__(self, tokens: tuple[int, ...]) -> None:
         self.tokens, self.calls, self.observed, self.prefilled = tokens, 0, 0, 0

@@ -6,10 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
+from transformers import DynamicCache
 
 from engine.cpu import kernels
+from engine.cpu.forward import Stack
 from engine.cpu.layers import Q4Linear
-from engine.cpu.lean import native_stack
 from engine.decoding import decode, prefill_drafter
 from engine.drafters.eagle import EagleDrafter, quantize_head
 from engine.errors import HeadFileError, IncompatibleModelsError
@@ -58,17 +59,17 @@ def test_greedy_eagle_equals_greedy_plain(kind: str, draft_vocab: int) -> None:
 def test_the_native_head_layer_computes_what_the_head_computes() -> None:
     target = tiny_model("llama", vocab_size=64, seed=1, scale=4.0, dtype=torch.float32)
     head = quantize_head(random_head(target, seed=5))
-    stack = native_stack(head.decoder)
-    assert stack is not None
-    ours, theirs = head.new_cache(), head.new_cache()
+    stack = Stack(head.decoder)
+    assert stack.plan.backend == "native", stack.plan.why_reference
+    ours, theirs = stack.new_cache(), DynamicCache(config=head.decoder.config)
     torch.manual_seed(0)
     for rows in (5, 1, 3, 1):
         x = torch.randn(1, rows, int(target.config.hidden_size))
         with torch.inference_mode():
-            a = stack(x.clone(), ours)  # [1, T, H]
+            a = stack(x[0].clone(), ours)  # [T, H]
             b = head.decoder(inputs_embeds=x, cache=theirs, use_cache=True).last_hidden_state
-        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
-    assert ours.get_seq_length() == theirs.get_seq_length() == 10
+        assert torch.allclose(a, b[0], atol=1e-4, rtol=1e-4)
+    assert len(ours) == theirs.get_seq_length() == 10
 
 
 @pytest.mark.skipif(not kernels.available(), reason="needs the native kernels (AVX2)")
@@ -78,7 +79,7 @@ def test_greedy_eagle_on_the_fast_draft_path_equals_greedy_plain() -> None:
     drafter = EagleDrafter(quantize_head(random_head(target, seed=2)), target,
                            min_confidence=0.0, draft_vocab=40, keep_ids=[vocab - 1],
                            int4_vocab=True)
-    assert drafter.stack is not None and isinstance(drafter.lm_head.frequent, Q4Linear)
+    assert drafter.stack.plan.backend == "native" and isinstance(drafter.lm_head.frequent, Q4Linear)
     drafted = 0
     for i, prompt in enumerate(prompts(4, vocab, seed=11)):
         steps = list(decode(ModelRunner(target), prompt, params=SamplingParams(),
@@ -107,7 +108,7 @@ def test_head_cache_after_rollbacks_equals_a_fresh_head() -> None:
     a = used.propose(context, 4, SamplingParams(), gen)
     b = fresh.propose(context, 4, SamplingParams(), gen)
     assert a.tokens == b.tokens and len(a) == 4
-    assert used.cache.get_seq_length() == len(context) - 1
+    assert len(used.cache) == len(context) - 1
 
 
 @pytest.mark.parametrize("draft_vocab", [5, 3])
@@ -190,7 +191,7 @@ def test_the_head_catches_up_with_the_prompt_before_the_first_pass() -> None:
     runner.keep_hidden(True)
     runner.sync(prompt[:-1])
     prefill_drafter(drafter, runner, prompt)
-    assert drafter.cache.get_seq_length() == len(prompt) - 2  # all but the last feature
+    assert len(drafter.cache) == len(prompt) - 2  # all but the last feature
     warm = drafter.propose(prompt, 3, SamplingParams(), torch.Generator())
     assert warm.catch_up == 1  # only the last position was left to feed
     fresh = EagleDrafter(drafter.head, target, min_confidence=0.0)

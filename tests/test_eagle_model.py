@@ -39,7 +39,7 @@ def test_light_model_greedy_eagle_equals_plain(light_engine) -> None:  # type: i
 
 @pytest.mark.model
 def test_light_model_greedy_eagle_trees_equal_plain(light_engine, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    assert light_engine.runner.verifies_trees  # the int4 kernels' lean step
+    assert light_engine.runner.model_forward.plan.row_invariant  # the int4 kernels
     monkeypatch.setattr(light_engine.drafters["eagle"], "branches", 3)
     trees = []
     verify = light_engine.runner.forward_tree

@@ -80,9 +80,8 @@ def test_batched_answers_are_the_answers_given_one_by_one(tmp_path: Path, kind: 
 
 def test_a_batch_step_needs_one_token_per_cache(tmp_path: Path) -> None:
     runner = ModelRunner(accelerated(tmp_path, "llama", native=False))
-    assert runner.lean is not None
     with pytest.raises(ValueError, match="one token per cache"):
-        runner.lean.batch_step([1, 2], [runner.cache])
+        runner.model_forward.batch_step([1, 2], [runner.cache])
 
 
 def test_answers_resume_from_their_first_prompt_only(tiny_folder: Path, tmp_path: Path) -> None:

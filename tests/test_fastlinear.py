@@ -119,7 +119,7 @@ def test_fp32_mode_gives_identical_greedy_tokens(kind: str) -> None:
     reference = greedy_tokens(model, prompt, 24)
     ref_logits = ModelRunner(model).forward(prompt, rows=len(prompt))
     report = accelerate(model, None, "fp32")
-    assert report.layers["FastLinear"] == 2 * 7 + 1
+    assert report.layers["fp32"] == 2 * 7 + 1
     assert not any(type(m) is nn.Linear for m in model.modules())
     logits = ModelRunner(model).forward(prompt, rows=len(prompt))
     assert torch.allclose(logits, ref_logits, rtol=1e-4, atol=1e-4)
@@ -138,7 +138,7 @@ def test_modes_are_checked() -> None:
 
 
 def int4_layers(report: AccelerationReport) -> int:
-    return sum(report.layers[k] for k in ("Int4Linear", "Q4Linear", "Q4KLinear"))
+    return sum(report.layers[k] for k in ("int4", "q4", "q4k"))
 
 
 def wide_model(kind: str = "llama") -> nn.Module:
@@ -213,13 +213,13 @@ def test_int4_mode_runs_the_gguf_codes_close_to_the_dense_model(
     with torch.no_grad():
         reference = model(x).logits
     report = accelerate(model, path, mode, native=native)
-    int8 = "Q8Linear" if native else "Int8Linear"
+    int8 = "q8" if native else "int8"
     assert int4_layers(report) == 5 and not report.fallbacks
     if native:  # the three Q4_K tensors in their own integer form
-        assert report.layers["Q4KLinear"] == 3
-    assert report.layers["Q6KLinear"] == (1 if native else 0)  # exact on our kernels
-    rest = int8 if mode == "int4+int8" else "FastLinear"
-    assert report.layers[rest] == 2 * 7 + 1 - 5 - report.layers["Q6KLinear"]
+        assert report.layers["q4k"] == 3
+    assert report.layers["q6k"] == (1 if native else 0)  # exact on our kernels
+    rest = int8 if mode == "int4+int8" else "fp32"
+    assert report.layers[rest] == 2 * 7 + 1 - 5 - report.layers["q6k"]
     layer = model.get_submodule("model.layers.0.self_attn.q_proj")
     assert isinstance(layer, Q4Linear if native else Int4Linear)
     assert model.get_output_embeddings().weight.shape == (320, 256)  # shape-only stand-in
@@ -336,7 +336,7 @@ def test_a_cache_that_does_not_fit_is_rebuilt(
     model, path = gguf_model(tmp_path)
     cache_path(tmp_path, "int4", torch.float32).write_bytes(b"not safetensors")
     report = accelerate(model, path, "int4", cache_dir=tmp_path, native=False)
-    assert not report.from_cache and report.layers["Int4Linear"] == 5
+    assert not report.from_cache and report.layers["int4"] == 5
     assert "ignoring the cache" in caplog.text
     again, _ = gguf_model(tmp_path)
     assert accelerate(again, path, "int4", cache_dir=tmp_path, native=False).from_cache

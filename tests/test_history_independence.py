@@ -2,7 +2,7 @@
 engine answers with speculation off, whatever the engine served before.
 
 The unit tests feed one sequence of ids into a runner in different ways (whole, after a
-cached prefix, one at a time, as a verification longer than the row-attention limit,
+cached prefix, one at a time, as a verification longer than a verification step,
 after a parked cache) and ask for the same bits in every cached position. The stress
 tests send a seeded random sequence of requests to one light-model engine and to one real
 worker with concurrent clients: every method, conversations coming back, follow-ups,
@@ -31,13 +31,13 @@ from tests.test_fastlinear import NATIVE, gguf_model
 from tests.worker_process import Http, start_worker
 
 GREEDY = SamplingParams(temperature=0.0)
-IDS = [(7 * i * i + 3 * i + 11) % 317 + 3 for i in range(45)]  # 45 ids: > 2 * MAX_ROWS
+IDS = [(7 * i * i + 3 * i + 11) % 317 + 3 for i in range(45)]  # 45 ids: > 2 * TREE_ROWS
 
 
 def cache_state(runner: ModelRunner) -> list[torch.Tensor]:
     """Every cached key and value (and feature) of ``runner`` for its ids."""
     n = len(runner.ids)
-    out = [t[..., :n, :].clone() for layer in runner.cache.layers
+    out = [t[:, :n].clone() for layer in runner.cache.layers
            for t in (layer.keys, layer.values)]
     return out + ([runner.hidden.clone()] if runner.hidden is not None else [])
 
@@ -53,9 +53,10 @@ def assert_same_bits(a: list[torch.Tensor], b: list[torch.Tensor], what: str) ->
 def test_a_cache_holds_the_same_bits_however_its_ids_were_fed(
     tmp_path: Path, kind: str, native: bool
 ) -> None:
-    """The model's own forward over more than MAX_ROWS ids (a prompt) blocks its attention
-    by the query count and, natively, differs from the step in the last bits: a prompt
-    read whole left other bits than the same ids read after a cached prefix, or decoded."""
+    """transformers' own forward over a prompt blocked its attention by the query count
+    and, natively, differed from the step in the last bits: a prompt read whole left other
+    bits than the same ids read after a cached prefix, or decoded. The engine's forward
+    must not."""
     model, path = gguf_model(tmp_path, kind)
     accelerate(model, path, "int4+int8", native=native)
     for keep in (False, True):  # features kept (EAGLE) or not
@@ -66,7 +67,7 @@ def fed_every_way(model: Any, keep: bool, native: bool) -> None:
     def runner() -> ModelRunner:
         made = ModelRunner(model)
         made.keep_hidden(keep)
-        assert made.lean is not None and (made.lean.native is not None) == native
+        assert (made.model_forward.plan.backend == "native") == native
         return made
 
     whole = runner()
@@ -101,7 +102,7 @@ def fed_every_way(model: Any, keep: bool, native: bool) -> None:
     copied = runner()
     copied.sync(other)
     assert copied.resume(IDS) == 30 and copied.parked  # a copy of the shared 30 goes on
-    check(copied, copied.sync(IDS), "read after a copied prefix (prefix_copy)")
+    check(copied, copied.sync(IDS), "read after a copied prefix (KVCache.prefix)")
 
 
 # --- the light model ------------------------------------------------------------------

@@ -1,35 +1,36 @@
-"""The growing KV cache holds what transformers' DynamicCache holds, step for step."""
+"""The engine's KV cache grows in place, crops and keeps a tree's path; the runner parks
+the caches of other conversations and resumes them."""
 
 import pytest
 import torch
 from transformers import DynamicCache
 
-from engine.cpu.kvcache import MIN_CAPACITY, GrowingLayer, growing_cache, prefix_copy
+from engine.cpu import forward as forward_mod
+from engine.cpu.forward import MIN_CAPACITY, KVCache, LayerCache
 from engine.runner import ModelRunner
 from tests.tiny import tiny_model
 
 
-def test_updates_and_crops_match_dynamic_cache() -> None:
+def test_writes_and_crops_hold_what_was_written_past_the_first_buffer() -> None:
     torch.manual_seed(0)
-    model = tiny_model("llama", dtype=torch.float32)
-    ours, theirs = growing_cache(model.config), DynamicCache(config=model.config)
-    assert all(isinstance(layer, GrowingLayer) for layer in ours.layers)
+    ours, written = KVCache(2), [torch.empty(2, 0, 8), torch.empty(2, 0, 8)]
     steps = [5, 1, 1, -2, 3, MIN_CAPACITY, -7, 1, -300, 4]  # grows past the first buffer
     for step in steps:
         if step < 0:
-            ours.crop(step)
-            theirs.crop(max(step, -theirs.get_seq_length()))
+            length = max(0, len(ours) + step)
+            ours.crop(length)
+            written = [w[:, :length] for w in written]
         else:
-            for i in range(len(ours.layers)):
-                k, v = torch.randn(1, 2, step, 8), torch.randn(1, 2, step, 8)
-                got, want = ours.update(k, v, i), theirs.update(k, v, i)
-                assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-        assert ours.get_seq_length() == theirs.get_seq_length()
-        for a, b in zip(ours.layers, theirs.layers, strict=True):
-            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+            for i, layer in enumerate(ours.layers):
+                k = torch.randn(2, step, 8)
+                layer.write(k, -k)
+                written[i] = torch.cat([written[i], k], dim=1)
+        assert len(ours) == written[0].shape[1]
+        for layer, keys in zip(ours.layers, written, strict=True):
+            assert torch.equal(layer.keys, keys) and torch.equal(layer.values, -keys)
 
 
-def test_a_model_decodes_the_same_logits_on_either_cache() -> None:
+def test_a_model_decodes_the_same_logits_on_the_runner_as_on_transformers_cache() -> None:
     model = tiny_model("qwen2", dtype=torch.float32)
     ids = [3, 17, 42, 99, 7, 250, 11, 60, 5, 77]
     runner = ModelRunner(model)
@@ -42,26 +43,34 @@ def test_a_model_decodes_the_same_logits_on_either_cache() -> None:
         with torch.no_grad():
             want = model(input_ids=torch.tensor([[t]]), cache=cache,
                          use_cache=True).logits[0, -1]
-        assert torch.equal(got, want)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
     runner.truncate(6)
     cache.crop(6 - cache.get_seq_length())
     with torch.no_grad():
         want = model(input_ids=torch.tensor([[9]]), cache=cache,
                      use_cache=True).logits[0, -1]
-    assert torch.equal(runner.forward([9])[-1], want)
+    torch.testing.assert_close(runner.forward([9])[-1], want, rtol=0, atol=1e-4)
 
 
 def test_keep_moves_the_kept_rows_down_and_refuses_bad_rows() -> None:
-    layer = GrowingLayer()
-    keys = torch.arange(2 * 6 * 2, dtype=torch.float32).reshape(1, 2, 6, 2)  # [B, H, 6, Dh]
-    layer.update(keys, -keys)
+    layer = LayerCache()
+    keys = torch.arange(2 * 6 * 2, dtype=torch.float32).reshape(2, 6, 2)  # [H, 6, Dh]
+    layer.write(keys, -keys)
     layer.keep(2, [0, 2, 3])  # positions 2, 4, 5 follow 0, 1
-    assert torch.equal(layer.keys, keys[:, :, [0, 1, 2, 4, 5]])
-    assert torch.equal(layer.values, -keys[:, :, [0, 1, 2, 4, 5]])
+    assert torch.equal(layer.keys, keys[:, [0, 1, 2, 4, 5]])
+    assert torch.equal(layer.values, -keys[:, [0, 1, 2, 4, 5]])
     for rows in ([1, 0], [0, 3], [-1]):
         with pytest.raises(ValueError, match="ascend"):
             layer.keep(2, rows)
-    assert layer.keys.shape[-2] == 5
+    assert layer.keys.shape[1] == 5
+
+
+def test_the_buffers_grow_by_doubling(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(forward_mod, "MIN_CAPACITY", 4)
+    layer = LayerCache()
+    for _ in range(5):
+        layer.write(torch.ones(1, 3, 8), torch.ones(1, 3, 8))
+    assert layer.key_buf is not None and layer.key_buf.shape[1] == 16 and layer.length == 15
 
 
 def counting(runner: ModelRunner) -> list[int]:
@@ -109,12 +118,13 @@ def test_parked_caches_are_bounded_in_number_and_positions(monkeypatch: pytest.M
 def test_a_parked_cache_without_features_is_not_resumed_while_features_are_kept() -> None:
     runner = ModelRunner(tiny_model("llama", vocab_size=64, seed=1))
     a, b = [3, *range(10, 20)], [4, *range(10, 20)]
-    runner.sync(a)  # parked later without features
-    runner.keep_hidden(True)  # starts over: features for every cached position
+    runner.sync(a)
+    runner.keep_hidden(True)  # parks a (no features) and starts over
+    assert runner.ids == [] and [p.ids for p in runner.parked] == [a]
     runner.resume(b)
     runner.sync(b)
-    assert runner.hidden is not None and runner.parked == []  # a was dropped by keep_hidden
-    runner.resume(a)
+    assert runner.hidden is not None and runner.parked[0].hidden is None
+    assert runner.resume(a) == 0  # a has no features: read again, not swapped in
     runner.sync(a)
     assert runner.parked[0].hidden is not None and len(runner.hidden) == len(a)
     runner.keep_hidden(False)
@@ -138,14 +148,14 @@ def test_an_edited_earlier_message_continues_from_a_copy_and_keeps_the_old_branc
     assert torch.allclose(runner.forward([60])[-1], fresh.sync([*old, 60]))
 
 
-def test_prefix_copy_copies_and_refuses_what_it_cannot_cut() -> None:
+def test_a_prefix_copy_is_a_cache_of_its_own() -> None:
     model = tiny_model("llama", vocab_size=64, seed=1)
     runner = ModelRunner(model)
     runner.sync(list(range(3, 23)))
-    copy = prefix_copy(runner.cache, model.config, 8)
-    assert copy is not None and copy.get_seq_length() == 8
-    assert torch.equal(copy.layers[0].keys, runner.cache.layers[0].keys[..., :8, :])
+    copy = runner.cache.prefix(8)
+    assert len(copy) == 8
+    assert torch.equal(copy.layers[0].keys, runner.cache.layers[0].keys[:, :8])
     copy.layers[0].keys.zero_()  # its own buffers
     assert runner.cache.layers[0].keys.abs().sum() > 0
-    assert prefix_copy(runner.cache, model.config, 30) is None  # longer than the cache
-    assert prefix_copy(DynamicCache(config=model.config), model.config, 4) is None
+    with pytest.raises(ValueError, match="no prefix of 30"):
+        runner.cache.prefix(30)  # longer than the cache

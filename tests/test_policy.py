@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 from engine.decoding import decode
-from engine.drafters import Draft
+from engine.drafters import Draft, Drafter
 from engine.drafters.ngram import NgramDrafter
 from engine.policy import PROBE_SHARE, DraftPolicy, choose_gamma, expected_tokens
 from engine.runner import ModelRunner
@@ -128,7 +128,7 @@ class Clock:
         self.now += seconds
 
 
-class SlowWrongDrafter:
+class SlowWrongDrafter(Drafter):
     """Takes 20 ms of the clock per draft token and proposes tokens the target rejects."""
 
     name = "wrong"
@@ -139,9 +139,6 @@ class SlowWrongDrafter:
     def propose(self, context, k, params, generator):  # type: ignore[no-untyped-def]
         self.clock.spend(0.02 * k)
         return Draft(tuple([63] * k))
-
-    def observe(self, context, proposed, accepted):  # type: ignore[no-untyped-def]
-        pass
 
 
 def test_adaptive_decoding_stays_identical_and_switches_off(

@@ -8,7 +8,7 @@ import torch
 
 from engine.cpu.quantize import accelerate
 from engine.decoding import decode
-from engine.drafters import Draft
+from engine.drafters import Draft, Drafter
 from engine.drafters.draft_model import DraftModelDrafter
 from engine.drafters.eagle import EagleDrafter
 from engine.drafters.tree import Level, branch, choose
@@ -53,7 +53,7 @@ def test_branch_keeps_the_chain_and_adds_the_likeliest_alternatives_as_leaves() 
     assert branch(levels, budget=0, min_chance=0.0) == Draft((5, 6, 9))
 
 
-class TreeOnce:
+class TreeOnce(Drafter):
     """Proposes one given tree on its first call, then nothing."""
 
     name = "tree"
@@ -64,9 +64,6 @@ class TreeOnce:
     def propose(self, context, k, params, generator):  # type: ignore[no-untyped-def]
         out, self.draft = self.draft, None
         return out or Draft(())
-
-    def observe(self, context, proposed, accepted):  # type: ignore[no-untyped-def]
-        pass
 
 
 @pytest.mark.parametrize("native", NATIVE)
@@ -81,7 +78,6 @@ def test_the_right_branch_of_a_tree_is_accepted_and_the_answer_is_unchanged(
     # the chain's first guess is wrong; its sibling is right and so is that one's child
     drafter = TreeOnce([wrong, plain[0], plain[1], wrong], [-1, -1, 1, 1])
     runner = ModelRunner(target)
-    assert runner.verifies_trees
     steps = list(decode(runner, prompt, params=GREEDY, max_new_tokens=12, max_context=128,
                         drafter=drafter, num_draft_tokens=4))
     assert steps[0].tokens == tuple(plain[:3]) and steps[0].accepted == 2
@@ -110,7 +106,7 @@ def test_greedy_tree_drafting_equals_greedy_plain(tmp_path: Path, kind: str, nat
 
 
 @pytest.mark.parametrize("native", NATIVE)
-def test_a_tree_too_big_for_one_lean_step_is_verified_as_its_chain(tmp_path: Path, native: bool
+def test_a_tree_too_big_for_one_step_is_verified_as_its_chain(tmp_path: Path, native: bool
                                                                     ) -> None:
     target = accelerated(tmp_path, "qwen2", native)
     prompt = [3, 17, 42, 99, 7]
@@ -124,10 +120,10 @@ def test_a_tree_too_big_for_one_lean_step_is_verified_as_its_chain(tmp_path: Pat
     assert [t for s in steps for t in s.tokens] == plain
 
 
-def test_a_runner_without_tree_verification_gets_the_chain() -> None:
+def test_a_float64_model_on_the_reference_verifies_trees_too() -> None:
     vocab = 64
-    target = tiny_model("llama", vocab_size=vocab, seed=1, scale=4.0)  # no lean step
-    assert not ModelRunner(target).verifies_trees
+    target = tiny_model("llama", vocab_size=vocab, seed=1, scale=4.0)  # float64, nn.Linear
+    assert ModelRunner(target).model_forward.plan.backend == "reference"
     other = tiny_model("llama", vocab_size=vocab, seed=2, scale=4.0)
     drafter = DraftModelDrafter(loaded(other), vocab, branches=3, min_branch=0.0)
     for prompt in prompts(3, vocab, seed=7):
@@ -137,12 +133,11 @@ def test_a_runner_without_tree_verification_gets_the_chain() -> None:
 def test_tree_sampling_matches_plain_sampling_end_to_end() -> None:
     vocab = 6
     target = tiny_model("llama", vocab_size=vocab, seed=11, scale=2.0, dtype=torch.float32)
-    accelerate(target, None, "fp32", row_attention=True)
+    accelerate(target, None, "fp32")
     draft = tiny_model("llama", vocab_size=vocab, seed=12, scale=2.0, dtype=torch.float32)
     prompt = [1, 2, 3]
     exact = _exact_two_token_distribution(target, prompt)
     runner = ModelRunner(target)
-    assert runner.verifies_trees
     drafters = [
         DraftModelDrafter(loaded(draft), vocab, min_confidence=0.0, branches=2, min_branch=0.0),
         EagleDrafter(random_head(target, seed=12), target, min_confidence=0.0, branches=2,

@@ -44,7 +44,7 @@ class FakeEngine:
     words goes on from ``wn``; a rolling window leaves out all but the first and the last
     two messages of a conversation longer than three."""
 
-    target = SimpleNamespace(name="fake", max_context=64, memory_bytes=1234)
+    target = SimpleNamespace(name="fake", max_context=64, memory_bytes=1234, plan=None)
     draft = None
     method = "ngram"
     num_draft_tokens = 3

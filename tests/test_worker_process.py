@@ -20,6 +20,7 @@ from openai import OpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
 from engine.cpu import kernels
+from tests.conftest import LIGHT
 from tests.tiny import save_tiny
 from tests.worker_process import Hold, Http, WorkerProcess, start_worker
 
@@ -371,17 +372,22 @@ def test_bad_settings_get_400_saying_what_is_allowed(http: Http, body: Any) -> N
     assert http.get("/v1/speculation").json() == before
 
 
-def test_health_names_the_kernel_variant_a_worker_was_forced_to_run(
+@pytest.mark.model
+def test_health_names_the_kernel_variant_and_forward_plan_a_worker_was_forced_to_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What /health reports is what the worker process chose: force the baseline, read it
-    back (the best variant this CPU runs is chosen otherwise)."""
+    back, kernels and the target's forward plan alike (the best variant this CPU runs is
+    chosen otherwise). The light model runs on our kernels: a native plan."""
     if (why := kernels.why_not("avx2")) is not None or not kernels.available():
         pytest.skip(why or "the native kernels do not run here")
     monkeypatch.setenv("ANVE_KERNELS", "avx2")
-    target = save_tiny(tmp_path / "tiny-llama")
-    args = ["--profile", "light", "--target", str(target), "--method", "off",
+    args = ["--profile", "light", "--target", LIGHT, "--method", "off",
             "--data-dir", str(tmp_path / "data")]
     with start_worker(args, tmp_path) as proc:
-        report = proc.wait_ready()["kernels"]
+        health = proc.wait_ready()
+    report, plan = health["kernels"], health["plans"]["target"]
     assert report["variant"] == "avx2" and report["forced"] is True
     assert report["rows_per_pass"] == 8
+    assert plan["backend"] == "native" and plan["variant"] == "avx2"
+    assert plan["rows_per_pass"] == 8 and plan["row_invariant"] is True
+    assert sum(plan["formats"].values()) == 30 * 7 and "draft" not in health["plans"]

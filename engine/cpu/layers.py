@@ -38,7 +38,7 @@ whatever the number of rows (their kernels reduce each row on its own);
 :mod:`engine.cpu.quantize` swaps these layers into a loaded model.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import cast
 
 import torch
@@ -54,6 +54,8 @@ KERNEL_DTYPE = torch.bfloat16  # the int4/int8 kernels' fast path on AVX2
 
 class FastLinear(nn.Module):
     """``nn.Linear`` with a small-batch-friendly product; shares the original weight."""
+
+    FORMAT = "fp32"
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -106,6 +108,8 @@ class Int4Linear(QuantizedLinear):
     scale_zero: torch.Tensor  # [K / 32, N, 2] in the kernel dtype
     bias: torch.Tensor | None  # [N]
 
+    FORMAT = "int4"
+
     def __init__(
         self, packed: torch.Tensor, scale_zero: torch.Tensor, bias: torch.Tensor | None = None
     ) -> None:
@@ -145,6 +149,8 @@ class Int8Linear(QuantizedLinear):
     q: torch.Tensor  # [N, K] int8
     scale: torch.Tensor  # [N] in the kernel dtype
     bias: torch.Tensor | None  # [N]
+
+    FORMAT = "int8"
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
@@ -203,12 +209,12 @@ class NativeCall:
 class NativeLinear(QuantizedLinear):
     """A quantized layer on our kernels; :meth:`part` names its form and arrays."""
 
-    FORM: str  # a key of kernels.FORMS
+    FORMAT: str  # a native format of engine.cpu.formats
 
     def part(self) -> kernels.PartSpec:
         buffers = self._buffers  # straight from the registry: this runs every call
         arrays = tuple(cast(torch.Tensor, buffers[name]) for name in self.BUFFERS)
-        return self.FORM, arrays, buffers.get("bias")
+        return self.FORMAT, arrays, buffers.get("bias")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         call = self.__dict__.get("_call")  # kept out of the module's registries
@@ -220,7 +226,7 @@ class NativeLinear(QuantizedLinear):
 class Q4Linear(NativeLinear):
     """4-bit GGUF codes with float16 scale and offset per group of 32, on our kernel."""
 
-    FORM = "q4"
+    FORMAT = "q4"
     BUFFERS = ("codes", "scale", "offset")
     codes: torch.Tensor  # [N, K / 2] uint8: byte j of a group = element j | element 16 + j << 4
     scale: torch.Tensor  # [N, K / 32] float16
@@ -293,7 +299,7 @@ def unpack_pairs(codes: torch.Tensor) -> torch.Tensor:
 class Q4KLinear(NativeLinear):
     """A Q4_K tensor in its own integer form (exactly the GGUF's weights), on our kernel."""
 
-    FORM = "q4k"
+    FORMAT = "q4k"
     BUFFERS = ("codes", "sc", "mn", "d", "dmin")
     codes: torch.Tensor  # [N, K / 2] uint8, kernel order (pack_pairs)
     sc: torch.Tensor  # [N, K / 32] uint8, 6-bit scales
@@ -335,7 +341,7 @@ class Q4KLinear(NativeLinear):
 class Q6KLinear(NativeLinear):
     """A Q6_K tensor in its own integer form (exactly the GGUF's weights), on our kernel."""
 
-    FORM = "q6k"
+    FORMAT = "q6k"
     BUFFERS = ("q", "sc", "d")
     q: torch.Tensor  # [N, K] int8, -32..31, kernel order (a byte each: cheaper to run than 6 bits)
     sc: torch.Tensor  # [N, K / 16] int8
@@ -360,7 +366,7 @@ class Q6KLinear(NativeLinear):
 class Q8Linear(NativeLinear):
     """Per-output-channel int8 codes with a float32 scale, on our kernel."""
 
-    FORM = "q8"
+    FORMAT = "q8"
     BUFFERS = ("q", "scale")
     q: torch.Tensor  # [N, K] int8
     scale: torch.Tensor  # [N] float32
@@ -377,16 +383,9 @@ class Q8Linear(NativeLinear):
         return cls(ref.q, ref.scale.float(), _float_bias(bias))
 
 
-def fused(layers: Sequence[nn.Module]) -> Callable[[torch.Tensor], list[torch.Tensor]] | None:
-    """One native call computing ``layers`` (same input) at once, or None where it cannot.
-
-    Each output is bit-identical to the layer's own ``forward`` (float32 inputs): the
-    kernels round the input once and compute every element as a lone call would.
-    """
-    sizes = {getattr(layer, "in_features", None) for layer in layers}
-    if len(sizes) != 1 or not all(isinstance(layer, NativeLinear) for layer in layers):
-        return None
-    return NativeCall([layer for layer in layers if isinstance(layer, NativeLinear)])
+BY_FORMAT: dict[str, type[QuantizedLinear]] = {
+    cls.FORMAT: cls for cls in (Int4Linear, Int8Linear, Q4Linear, Q4KLinear, Q6KLinear, Q8Linear)
+}  # the quantized layer class of each format (engine.cpu.formats)
 
 
 def native_fits(in_features: int) -> bool:

@@ -45,10 +45,10 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from engine.cpu import kernels, pages
+from engine.cpu import formats, kernels, pages
 from engine.cpu.gguf import GGUFWeights, GroupQuant, Q6Blocks
-from engine.cpu.invariant import use_row_attention
 from engine.cpu.layers import (
+    BY_FORMAT,
     FastLinear,
     Int4Linear,
     Int8Linear,
@@ -67,18 +67,19 @@ CACHE_FORMAT = 5  # 2: Q4_K as Q4KLinear; 3: Q6_K as Q6KLinear; 4: Q4_K pair lay
 # 5: Q4_K and Q6_K codes in the kernels' order
 Q4K_INPUTS = 256  # a Q4_K super-block
 CACHE_LINE = 64  # bytes: where torch's kernels want their weights to start
-_QUANT_LAYERS: dict[str, type[QuantizedLinear]] = {
-    c.__name__: c for c in (Int4Linear, Int8Linear, Q4Linear, Q4KLinear, Q6KLinear, Q8Linear)
+_QUANT_LAYERS: dict[str, type[QuantizedLinear]] = {  # the cache names layers by class
+    c.__name__: c for c in BY_FORMAT.values()
 }
 
 
 @dataclass
 class AccelerationReport:
-    """What :func:`accelerate` did: layer kinds by count, and weight bytes after."""
+    """What :func:`accelerate` did: linear layers by weight format (:mod:`engine.cpu.formats`)
+    and count, and weight bytes after."""
 
     mode: str
     layers: Counter[str] = field(default_factory=Counter)
-    row_invariant: bool = False  # every linear row-independent + row attention
+    row_invariant: bool = False  # every linear layer row-independent
     fallbacks: list[str] = field(default_factory=list)  # int4 candidates kept dense
     weight_bytes: int = 0  # parameters + buffers of the model after conversion
     from_cache: bool = False
@@ -267,7 +268,6 @@ def accelerate(
     gguf_path: Path | None = None,
     mode: str = "fp32",
     *,
-    row_attention: bool | None = None,
     cache_dir: Path | None = None,
     native: bool | None = None,
     requantize: bool = False,
@@ -275,10 +275,9 @@ def accelerate(
     """Replace ``model``'s ``nn.Linear`` layers in place (see the module docstring).
 
     ``gguf_path``: the GGUF the model was loaded from (required by the int4 modes).
-    ``row_attention`` (default: on for the int4 modes) switches attention to
-    :func:`engine.cpu.invariant.row_attention`; when every linear then runs on a
-    row-independent kernel (``"int4+int8"``), ``report.row_invariant`` is true: a
-    k-token forward gives bit-identical logits to k one-token forwards.
+    When every linear layer then has a row-independent format (``"int4+int8"``),
+    ``report.row_invariant`` is true: with :mod:`engine.cpu.forward` a k-token step gives
+    bit-identical logits to k one-token steps.
     ``cache_dir``: a folder owned by this model (e.g. its converted-weights cache).
     ``native`` (default: where they run) puts the quantized weights on our own kernels
     (:class:`Q4Linear`, :class:`Q8Linear`) instead of torch's; ``requantize`` (drafts,
@@ -297,12 +296,10 @@ def accelerate(
         converted = _convert(model, mode, gguf_path, cache_dir, report, ours, requantize)
         for name, layer in converted.items():
             _set_submodule(model, name, layer)
-            report.layers[type(layer).__name__] += 1
+            report.layers[formats.format_of(layer).name] += 1
         pages.to_huge_pages(m for m in converted.values() if isinstance(m, NativeLinear))
-    if int4 if row_attention is None else row_attention:
-        use_row_attention(model)
-        kinds = set(report.layers)
-        report.row_invariant = bool(kinds) and kinds <= set(_QUANT_LAYERS)
+        report.row_invariant = bool(converted) and all(
+            formats.format_of(m).row_independent for m in converted.values())
     report.weight_bytes = model_bytes(model)
     log.info("accelerate %s", report.summary())
     return report

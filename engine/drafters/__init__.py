@@ -1,36 +1,37 @@
 """Drafters propose the next tokens cheaply; the target verifies them in one pass.
 
-Every drafter implements :class:`Drafter`:
+Every drafting method subclasses :class:`Drafter`, which declares every capability the
+decoding loop uses, each with a default, so the loop never probes for one:
 
-* ``propose(context, k, params, generator)`` returns up to ``k`` tokens that might
-  follow ``context`` (all ids so far: prompt plus answer), with the distributions
+* ``propose(context, k, params, generator)`` (required) returns up to ``k`` tokens that
+  might follow ``context`` (all ids so far: prompt plus answer), with the distributions
   ``q`` they were sampled from, or ``probs=None`` when the drafter is deterministic
   (n-gram and suffix lookup: ``q`` is one-hot at the proposed token). A drafter may
-  return a tree of alternatives (``Draft.parents``) when the runner verifies trees;
-  the decoding loop then checks every branch in the same single target pass.
+  return a tree of alternatives (``Draft.parents``); the decoding loop then checks every
+  branch in the same single target pass.
 * ``observe(context, proposed, accepted)`` tells the drafter how many of its last
-  proposals the target kept, for drafters that adapt.
-* A drafter with a model of its own (draft model, EAGLE head) reports in
-  ``Draft.catch_up`` how many context tokens it fed that model before its first draft
-  step: 1 or 2 when it drafted the pass before, more after passes it sat out. The
-  adaptive policy measures the cost of a draft step only on short catch-ups.
-* Optionally, ``wants_hidden = True`` and ``observe_hidden(features)``: the decoding
-  loop then hands over the target's final hidden states of ``context[:-1]``
-  (``[len(context) - 1, H]``) before each ``propose`` (EAGLE heads).
-* Optionally, ``prefill(context)``: catch up with the prompt (a draft model's or a
-  head's own cache) before the first pass, so that this one-off cost counts as prompt
-  processing and not as the cost of drafting a token, which the adaptive policy weighs.
+  proposals the target kept (default: ignored).
+* ``wants_hidden`` (default ``False``) and ``observe_hidden(features)``: the loop hands
+  over the target's final hidden states of ``context[:-1]`` (``[len(context) - 1, H]``)
+  before each ``propose`` and ``prefill`` (EAGLE heads).
+* ``reads_prompt`` (default ``False``) and ``prefill(context)``: a drafter with a model
+  of its own catches up with the prompt before the first pass, so that this one-off cost
+  counts as prompt processing and not as the cost of drafting a token, which the adaptive
+  policy weighs. ``prefill`` is idempotent; the default does nothing.
+* ``reset()`` forgets whatever the drafter cached (default: nothing to forget).
+* A drafter with a model of its own reports in ``Draft.catch_up`` how many context tokens
+  it fed that model before its first draft step: 1 or 2 when it drafted the pass before,
+  more after passes it sat out. The adaptive policy measures the cost of a draft step only
+  on short catch-ups.
 
 Drafters never see text: the engine knows only token ids.
 """
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
-from engine.cpu.kernels import tree_depths
 from engine.sampling import SamplingParams
 
 
@@ -70,16 +71,21 @@ class Draft:
         """Tokens on the longest path (the length for a chain)."""
         if self.parents is None:
             return len(self.tokens)
-        return max(tree_depths(self.parents), default=-1) + 1
+        depths: list[int] = []  # each token's distance below the pending token
+        for parent in self.parents:
+            depths.append(depths[parent] + 1 if parent >= 0 else 1)
+        return max(depths, default=0)
 
 
 EMPTY_DRAFT = Draft(())
 
 
-class Drafter(Protocol):
-    """What the decoding loop needs from a drafting method."""
+class Drafter:
+    """The base of every drafting method (see the module for the contract)."""
 
-    name: str
+    name: str = "drafter"
+    wants_hidden: bool = False  # the loop hands over the target's features
+    reads_prompt: bool = False  # prefill reads the prompt into a model of its own
 
     def propose(
         self,
@@ -87,6 +93,20 @@ class Drafter(Protocol):
         k: int,
         params: SamplingParams,
         generator: torch.Generator,
-    ) -> Draft: ...
+    ) -> Draft:
+        raise NotImplementedError(f"{type(self).__name__} does not propose")
 
-    def observe(self, context: Sequence[int], proposed: int, accepted: int) -> None: ...
+    def observe(self, context: Sequence[int], proposed: int, accepted: int) -> None:
+        """How many of the last ``proposed`` tokens the target kept."""
+        del context, proposed, accepted
+
+    def observe_hidden(self, features: torch.Tensor | None) -> None:
+        """The target's features of ``context[:-1]`` (drafters that want them)."""
+        del features
+
+    def prefill(self, context: Sequence[int]) -> None:
+        """Catch up with ``context`` before the first pass (drafters that read prompts)."""
+        del context
+
+    def reset(self) -> None:
+        """Forget every cached position (drafters with caches of their own)."""

@@ -32,7 +32,7 @@ from dataclasses import replace
 
 import torch
 
-from engine.drafters import EMPTY_DRAFT, Draft
+from engine.drafters import EMPTY_DRAFT, Draft, Drafter
 from engine.drafters.tree import Level, branch, choose
 from engine.drafters.vocab import draft_head
 from engine.models import LoadedModel
@@ -51,10 +51,11 @@ def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return torch.cat([logits, pad], dim=-1)
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
     """Proposes tokens by sampling a smaller causal LM autoregressively."""
 
     name = "draft"
+    reads_prompt = True
 
     def __init__(
         self, draft: LoadedModel, target_vocab_size: int, min_confidence: float = 0.8,
@@ -134,8 +135,6 @@ class DraftModelDrafter:
         return replace(branch(levels, self.branches, self.min_branch),
                        catch_up=len(context) - kept)
 
-    def observe(self, context: Sequence[int], proposed: int, accepted: int) -> None:
-        del context, proposed, accepted  # the cache is re-synced by prefix on the next call
 
     def reset(self) -> None:
         self.runner.reset()

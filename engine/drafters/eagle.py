@@ -16,11 +16,10 @@ runners that verify trees.
 
 Drafting cost: the head's linear layers run as per-channel int8 on our kernels where
 they run (:func:`quantize_head`), its decoder layer then as one native call per draft
-step (:class:`engine.cpu.lean.NativeStack`), and the target's ``lm_head`` is read only for the
-frequent part of the vocabulary plus the end tokens (:mod:`engine.drafters.vocab`),
-about two fifths of its rows for Qwen2.5, those re-rounded to 4 bits; none of it can
-change an answer, only how many drafts are accepted (together 4 % faster drafting with
-Qwen's head than through transformers' layer and the Q6_K rows, the same drafts).
+step (:class:`engine.cpu.forward.Stack`, native where it can), and the target's
+``lm_head`` is read only for the frequent part of the vocabulary plus the end tokens
+(:mod:`engine.drafters.vocab`), those re-rounded to 4 bits; none of it can change an
+answer, only how many drafts are accepted.
 """
 
 import logging
@@ -33,9 +32,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine.cpu.forward import Stack
 from engine.cpu.layers import Q8Linear, native_fits
-from engine.cpu.lean import native_stack
-from engine.drafters import EMPTY_DRAFT, Draft
+from engine.drafters import EMPTY_DRAFT, Draft, Drafter
 from engine.drafters.tree import Level, branch, choose
 from engine.drafters.vocab import draft_head
 from engine.errors import EngineError
@@ -47,18 +46,20 @@ from engine.sampling import SamplingParams
 log = logging.getLogger(__name__)
 
 
-class EagleDrafter:
+class EagleDrafter(Drafter):
     """Proposes tokens with a trained head over the target's features."""
 
     name = "eagle"
     wants_hidden = True
+    reads_prompt = True
 
     def __init__(self, head: EagleHead, target: Any, min_confidence: float = 0.3,
                  draft_vocab: int | None = None, keep_ids: Sequence[int] = (),
                  branches: int = 0, min_branch: float = 0.1, int4_vocab: bool = True,
                  tokenizer: Any | None = None) -> None:
         self.head = head.eval()
-        self.stack = native_stack(head.decoder)  # its layer in one native call where it can
+        self.dtype = next(head.parameters()).dtype
+        self.stack = Stack(head.decoder, self.dtype)  # the engine's forward of its layer
         # called as a module, never read: the frequent ids (the tokenizer's ranking, else
         # low ids) and keep_ids (end tokens)
         self.lm_head = draft_head(target.get_output_embeddings(), keep_ids, tokenizer,
@@ -67,27 +68,24 @@ class EagleDrafter:
         self.min_confidence = min_confidence
         self.branches, self.min_branch = branches, min_branch  # tree drafting (tree.py)
         self.features: torch.Tensor | None = None  # [len(context) - 1, H] from the target
-        self.cache = head.new_cache()
+        self.cache = self.stack.new_cache()
         self.covered: list[int] = []  # context prefix behind the cached entries (entries + 1)
 
     def observe_hidden(self, features: torch.Tensor | None) -> None:
         """The target's features of ``context[:-1]`` (``[len(context) - 1, H]``)."""
         self.features = features
 
-    def observe(self, context: Sequence[int], proposed: int, accepted: int) -> None:
-        del context, proposed, accepted  # the head cache is re-synced by prefix
 
     def reset(self) -> None:
-        self.cache = self.head.new_cache()
+        self.cache = self.stack.new_cache()
         self.covered = []
 
     def _entries(self) -> int:
         return max(0, len(self.covered) - 1)
 
     def _crop(self, entries: int) -> None:
-        extra = self.cache.get_seq_length() - entries
-        if extra > 0:
-            self.cache.crop(-extra)
+        if entries < len(self.cache):
+            self.cache.crop(entries)
         self.covered = self.covered[: entries + 1] if entries else []
 
     def _shared_entries(self, context: Sequence[int]) -> int:
@@ -97,14 +95,10 @@ class EagleDrafter:
 
     def _step(self, features: torch.Tensor, ids: Sequence[int]) -> torch.Tensor:
         """Feed entries ``(features [T, H], ids [T])``; return the last predicted feature."""
-        embeds = self.embed(torch.tensor([list(ids)], dtype=torch.long))  # [1, T, H]
-        dtype = next(self.head.parameters()).dtype
-        f, e = features.unsqueeze(0).to(dtype), embeds.to(dtype)  # [1, T, H] each
-        if self.stack is not None and self.stack.fits(len(ids), self.cache):
-            out = self.stack(self.head.fc(torch.cat([f, e], dim=-1)), self.cache)
-        else:
-            out = self.head(f, e, self.cache)
-        return out[0, -1:].to(features.dtype)  # [1, H]
+        embeds = self.embed(torch.tensor(list(ids), dtype=torch.long))  # [T, H]
+        f, e = features.to(self.dtype), embeds.to(self.dtype)  # [T, H] each
+        out = self.stack(self.head.fc(torch.cat([f, e], dim=-1)), self.cache)  # [T, H]
+        return out[-1:].to(features.dtype)  # [1, H]
 
     @torch.inference_mode()
     def prefill(self, context: Sequence[int]) -> None:

@@ -23,7 +23,7 @@ from engine.sampling import SamplingParams
 LOOKUP, MODEL = "suffix", "draft"
 
 
-class HybridDrafter:
+class HybridDrafter(Drafter):
     """Drafts with the suffix lookup when it matches, else with the draft model."""
 
     name = "hybrid"
@@ -34,10 +34,12 @@ class HybridDrafter:
         self.drafters = drafters
         self.min_lookup = min_lookup
 
+    @property
+    def reads_prompt(self) -> bool:  # type: ignore[override]
+        return self.drafters[MODEL].reads_prompt
+
     def prefill(self, context: Sequence[int]) -> None:
-        prefill = getattr(self.drafters[MODEL], "prefill", None)
-        if prefill is not None:
-            prefill(context)
+        self.drafters[MODEL].prefill(context)
 
     def propose(
         self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator

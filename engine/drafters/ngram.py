@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-from engine.drafters import EMPTY_DRAFT, Draft
+from engine.drafters import EMPTY_DRAFT, Draft, Drafter
 from engine.sampling import SamplingParams
 
 
@@ -34,7 +34,7 @@ def ngram_lookup(context: np.ndarray, k: int, min_n: int = 2, max_n: int = 4) ->
     return []
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     """Prompt-lookup drafter over the current conversation's own tokens."""
 
     name = "ngram"
@@ -51,5 +51,3 @@ class NgramDrafter:
         tokens = ngram_lookup(np.asarray(context, dtype=np.int64), k, self.min_n, self.max_n)
         return Draft(tuple(tokens)) if tokens else EMPTY_DRAFT
 
-    def observe(self, context: Sequence[int], proposed: int, accepted: int) -> None:
-        del context, proposed, accepted

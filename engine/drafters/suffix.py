@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-from engine.drafters import EMPTY_DRAFT, Draft
+from engine.drafters import EMPTY_DRAFT, Draft, Drafter
 from engine.drafters.tree import Level, branch
 from engine.sampling import SamplingParams
 
@@ -132,7 +132,7 @@ def frequent_levels(
     return levels
 
 
-class SuffixDrafter:
+class SuffixDrafter(Drafter):
     """Drafts from the longest suffix match in past answers and the live context."""
 
     name = "suffix"

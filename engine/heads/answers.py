@@ -230,13 +230,13 @@ def answer_batch(runners: Sequence[ModelRunner], prompts: Sequence[list[int]], m
 
     Each prompt is filled by its own runner (one per prompt, all on the same model), then
     every answer still going gets its next token from one
-    :meth:`~engine.cpu.lean.LeanStep.batch_step` over all of them: the weights are read once
+    :meth:`~engine.cpu.forward.Forward.batch_step` over all of them: the weights are read once
     per step for the whole batch. The numbers agree with :func:`answer`'s within float32
     rounding, so an answer can differ from it only where two tokens all but tie.
     """
-    lean = runners[0].lean if runners else None
-    if lean is None or len(runners) < len(prompts):
-        raise ValueError("batched answers need a lean-step model and one runner per prompt")
+    if not runners or len(runners) < len(prompts):
+        raise ValueError("batched answers need one runner per prompt")
+    model_forward = runners[0].model_forward
     going = []
     for runner, prompt in zip(runners, prompts, strict=False):
         runner.reset()
@@ -254,8 +254,8 @@ def answer_batch(runners: Sequence[ModelRunner], prompts: Sequence[list[int]], m
         active = [a for a in active if token_goes_on(a.answer, eos_ids, max_tokens)]
         if not active:
             break
-        logits, hidden = lean.batch_step([a.ids[-1] for a in active],
-                                         [a.cache for a in active])  # [B, V], [B, H]
+        logits, hidden = model_forward.batch_step([a.ids[-1] for a in active],
+                                                  [a.cache for a in active])  # [B, V], [B, H]
         top_ids, top_probs = _top(logits, top_k)
         for b, a in enumerate(active):
             a.top_ids.append(top_ids[b : b + 1])
@@ -337,9 +337,7 @@ def main(argv: list[str] | None = None) -> int:
 
     loaded = load_target(args.target, args.data_dir, args.accel)
     runners, tok = [ModelRunner(loaded.model) for _ in range(args.batch)], loaded.tokenizer
-    batched = args.batch > 1 and runners[0].lean is not None
-    if args.batch > 1 and not batched:
-        log.warning("this model runs without a lean step: answering one prompt at a time")
+    batched = args.batch > 1
     todo = prompts()[args.skip + len(records) : args.skip + args.prompts]
     started, tokens = time.perf_counter(), 0
     pending: list[str] = []  # conversations written with the records that hold them

@@ -3,11 +3,12 @@
 Contract: given the target's final normed hidden states ``f_i`` ``[B, T, H]`` and the
 target's input embeddings of the tokens that follow them ``e(x_{i+1})`` ``[B, T, H]``,
 :meth:`EagleHead.forward` predicts ``f_{i+1}`` ``[B, T, H]``; the target's own frozen
-output embeddings (its ``lm_head``) turn that into logits. The head keeps its own
-``DynamicCache`` when one is passed, so a drafter rolls it back by cropping.
-The decoder layer is transformers' ``LlamaModel`` with one layer (rotary positions,
-causal mask, cache handling and a final RMSNorm come with it); its own token
-embedding table has a single unused row.
+output embeddings (its ``lm_head``) turn that into logits. This module is what training
+runs (transformers' ``LlamaModel``, a ``DynamicCache`` when one is passed, gradients);
+drafting runs the same layer through the engine's own forward
+(:class:`engine.cpu.forward.Stack`). The decoder layer is transformers' ``LlamaModel``
+with one layer (rotary positions, causal mask, cache handling and a final RMSNorm come
+with it); its own token embedding table has a single unused row.
 """
 
 from collections.abc import Iterator
@@ -17,8 +18,6 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel
-
-from engine.cpu.kvcache import growing_cache
 
 
 @dataclass(frozen=True)
@@ -72,9 +71,6 @@ class EagleHead(nn.Module):
         self.config = config
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=True)
         self.decoder = LlamaModel(config.llama_config())
-
-    def new_cache(self) -> DynamicCache:
-        return growing_cache(self.decoder.config)
 
     def forward(
         self, features: torch.Tensor, embeds: torch.Tensor, cache: DynamicCache | None = None,

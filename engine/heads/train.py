@@ -43,6 +43,7 @@ from engine.heads import answers, history
 from engine.heads import corpus as corpus_mod
 from engine.heads.files import HeadInfo, load_head, save_head
 from engine.heads.model import EagleHead, HeadConfig, draft_steps
+from engine.runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -84,14 +85,18 @@ def windows(tokenizer: Any, conversations: list[list[dict[str, str]]], seq_len: 
 
 @torch.no_grad()
 def extract(model: Any, ids: torch.Tensor, top_k: int, progress: bool = True) -> Features:
-    """Run the target over each window; keep features and top-k next-token probabilities."""
+    """Run the target over each window (the engine's forward, teacher forcing: the very
+    features drafting sees); keep features and top-k next-token probabilities."""
     hidden, top_ids, top_probs = [], [], []
     started = time.perf_counter()
+    runner = ModelRunner(model)
+    runner.keep_hidden(True)
     for i, window in enumerate(ids):
-        out = model(input_ids=window[None], output_hidden_states=True)
-        probs = out.logits[0].float().softmax(-1)  # [L, V]
+        runner.reset()
+        probs = runner.forward(window.tolist(), rows=len(window)).float().softmax(-1)  # [L, V]
         values, indices = probs.topk(top_k, dim=-1)  # [L, K]
-        hidden.append(out.hidden_states[-1][0].to(torch.float16))  # [L, H]
+        assert runner.hidden is not None
+        hidden.append(runner.hidden.to(torch.float16))  # [L, H]
         top_ids.append(indices.to(torch.int32))
         top_probs.append(values.to(torch.float16))
         if progress and (i % 8 == 7 or i + 1 == len(ids)):

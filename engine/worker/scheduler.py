@@ -136,6 +136,7 @@ class LoadedModelInfo:
     role: str
     max_context: int
     memory_bytes: int
+    plan: dict[str, Any] | None = None  # its forward plan (engine.cpu.forward.ForwardPlan)
 
 
 class Scheduler:
@@ -386,7 +387,8 @@ def describe(engine: Engine) -> tuple[LoadedModelInfo, ...]:
     """The loaded models as the API lists them."""
     pairs = [("target", engine.target), ("draft", engine.draft)]
     return tuple(
-        LoadedModelInfo(m.name, role, int(m.max_context), int(m.memory_bytes))
+        LoadedModelInfo(m.name, role, int(m.max_context), int(m.memory_bytes),
+                        None if m.plan is None else m.plan.to_dict())
         for role, m in pairs
         if m is not None
     )

@@ -182,6 +182,7 @@ async def health(request: web.Request) -> web.Response:
         "speculation_load_off": scheduler.load() > worker.settings.config.load_threshold,
         "models": [m.id for m in scheduler.models],
         "kernels": kernels.report(),
+        "plans": {m.role: m.plan for m in scheduler.models if m.plan is not None},
         "protocol_version": PROTOCOL_VERSION,
     })
 
