@@ -30,16 +30,16 @@ import torch
 from engine import registry, store
 from engine.cpu import formats, kernels
 from engine.cpu.forward import ForwardPlan, UnsupportedModelError, forward_for
-from engine.cpu.quantize import MODES, accelerate, cache_path, model_bytes
+from engine.cpu.quantize import accelerate, cache_path, model_bytes
 from engine.errors import EngineError, IncompatibleModelsError
 from engine.memory import check_memory
+from engine.protocol import ACCELERATIONS
 from engine.registry import Progress
 
 log = logging.getLogger(__name__)
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<|end_of_text|>")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
-ACCEL_CHOICES = ("auto", *MODES)
 
 
 @dataclass
@@ -101,8 +101,8 @@ def check_compatible(target: Any, draft: Any, target_name: str, draft_name: str)
 
 def accel_mode(prepared: store.PreparedModel, accel: str) -> str:
     """The acceleration mode ``accel`` means for this model (``auto`` resolved)."""
-    if accel not in ACCEL_CHOICES:
-        raise ValueError(f"accel must be one of {', '.join(ACCEL_CHOICES)}, not {accel!r}")
+    if accel not in ACCELERATIONS:
+        raise ValueError(f"accel must be one of {', '.join(ACCELERATIONS)}, not {accel!r}")
     if accel == "auto":
         return "int4+int8" if prepared.gguf is not None else "fp32"
     if accel.startswith("int4") and prepared.gguf is None:
@@ -177,8 +177,8 @@ def load_pair(
     """Prepare, check and load a target and an optional draft model."""
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, not {dtype!r}")
-    if accel not in ACCEL_CHOICES:
-        raise ValueError(f"accel must be one of {', '.join(ACCEL_CHOICES)}, not {accel!r}")
+    if accel not in ACCELERATIONS:
+        raise ValueError(f"accel must be one of {', '.join(ACCELERATIONS)}, not {accel!r}")
     prepared = [store.prepare(s, data_dir, progress) for s in (target, draft) if s]
     needed = sum(load_bytes(p, dtype, accel, draft=i == 1) for i, p in enumerate(prepared))
     check_memory(needed, " + ".join(p.name for p in prepared))

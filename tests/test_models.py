@@ -218,12 +218,6 @@ def test_unknown_dtype_is_refused(tiny_folder: Path) -> None:
         models.load_pair(str(tiny_folder), dtype="int3")
 
 
-def test_acceleration_modes_match_the_protocol_list() -> None:
-    from engine.protocol import ACCELERATIONS
-
-    assert models.ACCEL_CHOICES == ACCELERATIONS
-
-
 def test_a_folder_without_gguf_runs_the_fast_float_layers(tiny_folder: Path,
                                                            tmp_path: Path) -> None:
     from engine.cpu.layers import FastLinear

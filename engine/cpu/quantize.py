@@ -59,10 +59,11 @@ from engine.cpu.layers import (
     Q8Linear,
     QuantizedLinear,
 )
+from engine.protocol import ACCELERATIONS
 
 log = logging.getLogger(__name__)
 
-MODES: tuple[str, ...] = ("off", "fp32", "int4", "int4+int8")
+MODES = tuple(m for m in ACCELERATIONS if m != "auto")  # what accelerate() takes
 CACHE_FORMAT = 5  # 2: Q4_K as Q4KLinear; 3: Q6_K as Q6KLinear; 4: Q4_K pair layout, uint8;
 # 5: Q4_K and Q6_K codes in the kernels' order
 Q4K_INPUTS = 256  # a Q4_K super-block

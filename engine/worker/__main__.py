@@ -27,7 +27,7 @@ from engine.worker.auth import ConfigError, check_bind, read_token
 
 if TYPE_CHECKING:
     from engine.registry import Progress
-    from engine.session import ChatEngine
+    from engine.session import ChatEngine, DraftLength
     from engine.worker.server import Worker
 
 log = logging.getLogger("engine.worker")
@@ -42,7 +42,7 @@ class WorkerConfig:
     target: str
     draft: str | None
     method: str | None
-    num_draft_tokens: int | str | None
+    num_draft_tokens: "DraftLength | None"
     load_threshold: int
     max_waiting: int
     data_dir: str | None

@@ -25,17 +25,14 @@ from typing import Any
 
 from engine.errors import BadRequestError
 from engine.protocol import METHODS
-from engine.session import AUTO, MAX_DRAFT_TOKENS
+from engine.session import ADAPTIVE, AUTO, MAX_DRAFT_TOKENS, DraftLength
 
 log = logging.getLogger(__name__)
 
-ADAPTIVE = "adaptive"
 MAX_LOAD_THRESHOLD = 1024
 SETTING_FIELDS = ("enabled", "method", "num_draft_tokens", "load_threshold")
 OVERRIDE_FIELDS = ("method", "num_draft_tokens")
 
-DraftLength = int | str
-"""An integer 1..16, or ``"adaptive"``."""
 
 
 @dataclass(frozen=True)
