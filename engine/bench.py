@@ -141,7 +141,9 @@ def enter(engine: ChatEngine, state: RowState) -> None:
     engine.policies = state.policies
     engine.drafters["suffix"] = state.suffix
     for drafter in engine.drafters.values():
-        drafter.reset()  # drafters with a cache of their own
+        forget = getattr(drafter, "reset", None)  # drafters with a cache of their own
+        if callable(forget):
+            forget()
 
 
 def run_ours(engine: ChatEngine, ids: list[int], kind: str, method: str, k: DraftLength,
@@ -297,7 +299,7 @@ def q4k_matrix(n: int = 8960, k: int = 1536, seed: int = 0) -> Q4KLinear:
                      torch.rand(n, blocks, generator=gen) * 1e-3)
 
 
-def kernel_throughput(variants: Sequence[str], rows: Sequence[int] = (1, 2, 4, 8, 16),
+def kernel_throughput(variants: Sequence[str], rows: Sequence[int] = (1, 2, 4, 8, 16, 64),
                       n: int = 8960, k: int = 1536, reps: int = 15
                       ) -> dict[str, dict[int, float]]:
     """GMAC/s (multiply-adds per second / 1e9) of one q4k layer call per variant and
@@ -387,15 +389,19 @@ def variants_markdown(throughput: dict[str, dict[int, float]],
               for name, by in throughput.items()]
     for model, by_variant in costs.items():
         ks = list(next(iter(by_variant.values()))["t"])
+        peer = by_variant.get(LLAMA_CPP)  # prompt rate against llama.cpp's, where it ran
         lines += ["", f"{model}: t(k)/t(1) and prompt reading:", "",
                   "| variant | t(1) ms | " + " | ".join(f"t({k})/t(1)" for k in ks[1:])
-                  + " | prompt ms/token |", "| --- |" + " ---: |" * (len(ks) + 1)]
+                  + " | prompt ms/token | prompt rate × llama.cpp |",
+                  "| --- |" + " ---: |" * (len(ks) + 2)]
         for name, c in by_variant.items():
             t = c["t"]
             cells = ([f"{t[ks[0]] * 1000:.1f}", *(f"{t[k] / t[ks[0]]:.2f}" for k in ks[1:])]
                      if t else ["–"] * len(ks))
+            ratio = (f"{peer['prompt_ms_per_token'] / c['prompt_ms_per_token']:.2f}"
+                     if peer is not None else "–")
             lines.append(f"| {name} | " + " | ".join(cells)
-                         + f" | {c['prompt_ms_per_token']:.2f} |")
+                         + f" | {c['prompt_ms_per_token']:.2f} | {ratio} |")
     return "\n".join(lines) + "\n"
 
 
@@ -492,8 +498,6 @@ def markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         + f" · linear layers {meta['accel']}"
         + f" · native kernels {meta.get('kernels') or 'off'}",
         "",
-        f"Target forward: {meta.get('plan_summary', 'not recorded')}",
-        "",
         "| row | tok/s | speedup | generation tok/s² | speedup² | acceptance | tokens/pass "
         "| identical¹ | peak RSS |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | :---: | ---: |",
@@ -578,7 +582,8 @@ def row_specs(engine: ChatEngine, k: int, max_tokens: int,
         if method in engine.methods:
             specs += [(f"{method} k={k}", ours(method, k)),
                       (f"{method} adaptive", ours(method, ADAPTIVE))]
-        if method in ("draft", "eagle") and method in engine.methods:
+        if method in ("draft", "eagle") and method in engine.methods \
+                and engine.runner.verifies_trees:
             specs.append((f"{method} tree k={k}", ours(method, k, TREE_BRANCHES)))
     if engine.draft is not None:
         specs.append(("transformers assisted (draft model)", peer("assisted")))
@@ -721,8 +726,6 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(), "profile": profile,
         "target": target, "draft": draft, "dtype": args.dtype, "prompts": len(prompts),
         "accel": engine.target.accel, "fixed_k": k, "kernels": running,
-        "plan": engine.runner.model_forward.plan.to_dict(),
-        "plan_summary": engine.runner.model_forward.plan.summary(),
         "variant_ab": ab,
         "max_tokens": args.max_tokens, "verify_cost_s": costs, "copy_gb_s": bandwidth / 1e9,
         "weight_gb": weights / 1e9, "ceiling_tps": bandwidth / weights,

@@ -13,11 +13,11 @@ from engine.cpu import kernels, pages
 from engine.cpu.gguf import GroupQuant, Q6Blocks, decode_int4, decode_q6_k
 from engine.cpu.layers import (
     Int8Linear,
+    NativeCall,
     Q4KLinear,
     Q4Linear,
     Q6KLinear,
     Q8Linear,
-    fused,
     kernel_order,
     pack_pairs,
     unpack_pairs,
@@ -203,7 +203,7 @@ def test_a_requantized_draft_runs_every_layer_in_4_bits(tmp_path: Path) -> None:
     model, path = gguf_model(tmp_path)
     report = accelerate(model, path, "int4+int8", native=True, requantize=True,
                         cache_dir=tmp_path / "cache")
-    assert set(report.layers) == {"q4", "q4k"} and report.row_invariant
+    assert set(report.layers) == {"Q4Linear", "Q4KLinear"} and report.row_invariant
     assert cache_path(tmp_path / "cache", "int4+int8", torch.float32, True, True).is_file()
 
 
@@ -233,10 +233,10 @@ def test_q4k_kernel_matches_the_reference_and_holds_the_gguf_weight(
     layer = Q4KLinear.from_groups(g, torch.randn(n) if bias else None)
     exact = torch.from_numpy(quants.dequantize(data, QuantType.Q4_K))
     assert torch.equal(layer.dequantized(), exact)
-    x = torch.randn(11, k) * 3
+    x = torch.randn(40, k) * 3  # 16 rows on up: q4k's tiles in the amx variant
     y = layer(x)
     assert close(y, q4k_reference(x, layer))
-    for m in range(1, 11):  # 8 rows per pass: every split gives the same rows
+    for m in (*range(1, 12), 16, 17, 33):  # passes of 8 or 16 rows, tiles: the same rows
         assert torch.equal(layer(x[:m]), y[:m])
 
 
@@ -315,14 +315,11 @@ def test_layers_sharing_an_input_in_one_call_give_each_layer_its_own_output(vari
     q4 = Q4Linear.from_dense(torch.randn(17, k) * 0.05)
     q8 = Q8Linear.from_weight(torch.randn(33, k) * 0.05, torch.randn(33))
     layers = [q4k, q6k, q4, q8]  # both roundings of the input, odd tile counts
-    run = fused(layers)
-    assert run is not None
-    for rows in (1, 3, 9):
+    run = NativeCall(layers)
+    for rows in (1, 3, 9, 17, 40):  # 17 and 40 rows: q4k on tiles in the amx variant
         x = torch.randn(1, rows, k)
         for layer, y in zip(layers, run(x), strict=True):
             assert torch.equal(y, layer(x))
-    assert fused([q4k, torch.nn.Linear(k, 8)]) is None  # a layer without a native part
-    assert fused([q4k, Q4Linear.from_dense(torch.randn(8, 256))]) is None  # other inputs
 
 
 def test_weights_moved_into_huge_pages_give_the_same_outputs(variant: str) -> None:
@@ -349,12 +346,14 @@ def test_weights_moved_into_huge_pages_give_the_same_outputs(variant: str) -> No
         assert torch.equal(layer(x), expected)
 
 
-def test_every_form_gives_each_row_the_same_bits_from_1_to_16_rows(variant: str) -> None:
-    """A k-row call returns what k one-row calls of the same variant return, for every k up
-    to 16 (one pass over the weights in the AVX-512 variant, balanced passes elsewhere)
-    and beyond (40 rows: several passes)."""
+@pytest.mark.parametrize("k", [512, 768])  # 768: an odd number of q4k super-blocks
+def test_every_form_gives_each_row_the_same_bits_from_1_to_64_rows(k: int, variant: str
+                                                                   ) -> None:
+    """A k-row call returns what k one-row calls of the same variant return, for every k
+    from 1 to 64 and beyond (70 rows): one pass over the weights or balanced passes, and in
+    the amx variant q4k's tiles from 16 rows on (whole and partial sets of 16 rows, a
+    last tile of fewer than 16 output features)."""
     torch.manual_seed(10)
-    k = 512
     layers = [
         q4_layer(40, k, True)[0],
         Q8Linear.from_weight(torch.randn(33, k) * 0.05, torch.randn(33)),
@@ -362,14 +361,38 @@ def test_every_form_gives_each_row_the_same_bits_from_1_to_16_rows(variant: str)
                               torch.randn(40)),
         Q6KLinear.from_blocks(decode_q6_k(q6_k_blocks(24, k), 24, k)),
     ]
-    assert kernels.max_rows() == (16 if variant == "avx512" else 8)
-    x = torch.randn(40, k) * 2
+    assert kernels.max_rows() == (16 if variant in ("avx512", "amx") else 8)
+    x = torch.randn(70, k) * 2
     for layer in layers:
-        alone = torch.cat([layer(x[i : i + 1]) for i in range(len(x))])  # [40, N]
+        alone = torch.cat([layer(x[i : i + 1]) for i in range(len(x))])  # [70, N]
         assert torch.equal(layer(x), alone), type(layer).__name__
-        for m in range(1, 17):
+        for m in range(1, 65):
             assert torch.equal(layer(x[:m]), alone[:m]), (type(layer).__name__, m)
+        for m in (5, 16, 17, 35):
             assert torch.equal(layer(x[m : 2 * m]), alone[m : 2 * m]), (type(layer).__name__, m)
+
+
+def test_amx_computes_the_bits_of_avx512() -> None:
+    """The amx variant's tiles give q4k's exact group sums and repeat the AVX-512 loop's
+    float steps, so both variants agree bit for bit at every row count."""
+    for name in ("avx512", "amx"):
+        reason = kernels.why_not(name)
+        if reason is not None:
+            pytest.skip(reason)
+    torch.manual_seed(12)
+    layers = [Q4KLinear.from_groups(decode_int4(q4_k_blocks(n, k), QuantType.Q4_K, n, k),
+                                    torch.randn(n)) for n, k in ((37, 1536), (50, 768))]
+    layers.append(Q6KLinear.from_blocks(decode_q6_k(q6_k_blocks(24, 512), 24, 512)))
+    outs: dict[str, list[torch.Tensor]] = {}
+    try:
+        for name in ("avx512", "amx"):
+            kernels.use(name)
+            outs[name] = [layer(torch.randn(rows, layer.in_features,
+                                            generator=torch.Generator().manual_seed(rows)) * 2)
+                          for layer in layers for rows in (1, 8, 16, 33, 64)]
+    finally:
+        kernels.use(None)
+    assert all(torch.equal(a, b) for a, b in zip(outs["avx512"], outs["amx"], strict=True))
 
 
 def test_the_best_variant_runs_and_one_can_be_forced(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -401,7 +424,8 @@ def test_forcing_a_variant_the_cpu_lacks_is_a_clear_error(monkeypatch: pytest.Mo
     kernels.reset()
     try:
         assert kernels.supported() == ["avx2"] and kernels.variant() == "avx2"
-        for name, flag in (("avx512", "avx512_vnni"), ("avxvnni", "avx_vnni")):
+        for name, flag in (("avx512", "avx512_vnni"), ("avxvnni", "avx_vnni"),
+                           ("amx", "amx_int8")):
             assert flag in (kernels.why_not(name) or "")
             with pytest.raises(kernels.VariantError, match=f"lacks: .*{flag}"):
                 kernels.use(name)

@@ -11,16 +11,19 @@ When the kernels cannot run, the caller keeps torch's own kernels; nothing else 
 :func:`row_attention` computes attention for a few query rows over the KV cache, each row
 over its own causal prefix and independent of the others (what :mod:`engine.cpu.invariant`
 needs), without a Python call per row.
-:func:`decoder_step` runs a whole Llama/Qwen2 decoding step of up to 16 tokens through
-every layer (:class:`DecoderModel`, built by :mod:`engine.cpu.lean`) in one call. Both take
-an optional draft tree (:func:`tree_masks`): each row then attends to the cache before
-the step and to its own ancestors among the new rows only.
+:func:`decoder_step` runs a whole Llama/Qwen2 step of new tokens (any number of causal
+rows, at most :data:`MAX_TREE` with a tree) through every layer (:class:`DecoderModel`)
+in one call. Both take an optional draft tree (:func:`tree_masks`): each row then attends
+to the cache before the step and to its own ancestors among the new rows only.
 
 Variants (:data:`VARIANTS`): the same source compiled for AVX2 (``avx2``), AVX-VNNI
-(``avxvnni``) and AVX-512 F/BW/VL/VNNI (``avx512``). The run picks the best one this
-CPU has (``/proc/cpuinfo``) and the compiler can build (a variant it cannot build is
-skipped, logged); ``ANVE_KERNELS=<name>`` forces one, and forcing one the CPU or the
-compiler lacks raises :class:`VariantError` (never runs an instruction the CPU lacks).
+(``avxvnni``), AVX-512 F/BW/VL/VNNI (``avx512``) and AVX-512 with AMX-INT8 tiles
+(``amx``: q4k calls of 16 rows or more take their exact sums from tiles and return the
+``avx512`` bits; the library asks the OS for tile data once when it loads, and is not
+used where that is refused). The run picks the best
+one this CPU has (``/proc/cpuinfo``) and the compiler can build (a variant it cannot
+build is skipped, logged); ``ANVE_KERNELS=<name>`` forces one, and forcing one the CPU or
+the compiler lacks raises :class:`VariantError` (never runs an instruction the CPU lacks).
 The environment is read once (again after :func:`reset`).
 :func:`use` switches the variant inside one process (tests, A/B measurements);
 :func:`variant` names the one running. Every variant keeps the row promise above on
@@ -48,14 +51,11 @@ from pathlib import Path
 import platformdirs
 import torch
 
-from engine.cpu import formats
-
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "qdot.cpp"
 BASE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
-              "-ffp-contract=off",  # a * b + c rounds twice, as torch's elementwise ops do
-              *formats.c_defines())  # the weight formats' ids (engine.cpu.formats)
+              "-ffp-contract=off")  # a * b + c rounds twice, as torch's elementwise ops do
 GROUP = 32  # activations and q4 weights are grouped by 32 input features
 MAX_TREE = 31  # rows of a draft tree one call attends over (one bit each in an int32)
 _P, _I = ctypes.c_void_p, ctypes.c_int
@@ -80,11 +80,14 @@ class Variant:
 
 _AVX2 = ("-mavx2", "-mfma", "-mf16c")
 _AVX2_CPU = frozenset({"avx2", "fma", "f16c"})
+_AVX512 = (*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
+_AVX512_CPU = _AVX2_CPU | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
 VARIANTS = (  # worst first: the last one the CPU and compiler support runs
     Variant("avx2", _AVX2, _AVX2_CPU),
     Variant("avxvnni", (*_AVX2, "-mavxvnni"), _AVX2_CPU | {"avx_vnni"}),
-    Variant("avx512", (*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
-            _AVX2_CPU | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}),
+    Variant("avx512", _AVX512, _AVX512_CPU),
+    Variant("amx", (*_AVX512, "-mamx-tile", "-mamx-int8"),
+            _AVX512_CPU | {"amx_tile", "amx_int8"}),
 )
 BY_NAME = {v.name: v for v in VARIANTS}
 FLAGS = VARIANTS[0].all_flags  # the baseline build's flags
@@ -181,7 +184,7 @@ class DecoderModel(ctypes.Structure):
                 ("scaling", ctypes.c_float), ("layers", ctypes.POINTER(DecoderLayer))]
 
 
-FORMS = formats.C_IDS  # format name -> id in the C Part
+FORMS = {"q4": 0, "q8": 1, "q4k": 2, "q6k": 3}
 PartSpec = tuple[str, tuple[torch.Tensor, ...], torch.Tensor | None]  # form, weights, bias
 
 
@@ -200,6 +203,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.anve_decoder_step.restype = None
     lib.anve_qdot_variant.restype = ctypes.c_char_p
     lib.anve_qdot_max_rows.restype = _I
+    lib.anve_qdot_ready.restype = _I
     return lib
 
 
@@ -212,7 +216,8 @@ def use(name: str | None) -> None:
     if name is not None:
         _check(name)
         if load(name) is None:
-            raise VariantError(f"kernel variant {name!r} could not be built (see the log)")
+            raise VariantError(f"kernel variant {name!r} could not be built or loaded "
+                               "(see the log)")
     _forced[0] = name
     _now.clear()
 
@@ -267,6 +272,10 @@ def load(name: str) -> ctypes.CDLL | None:
     if built != name:  # flags that did not select the code they should have
         log.warning("native kernels: %s was built as %s; not used", path.name, built)
         return None
+    if not lib.anve_qdot_ready():  # amx: the OS refused tile data (arch_prctl)
+        log.warning("native kernels (%s): the operating system does not let this process "
+                    "use AMX tile data; not used", name)
+        return None
     return lib
 
 
@@ -316,7 +325,8 @@ def library() -> ctypes.CDLL | None:
 
 
 def variant() -> str | None:
-    """The name of the variant that runs (``avx2``, ``avxvnni``, ``avx512``), or ``None``."""
+    """The name of the variant that runs (``avx2``, ``avxvnni``, ``avx512``, ``amx``), or
+    ``None``."""
     current = _current()
     return None if current is None else current[0]
 

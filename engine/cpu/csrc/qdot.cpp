@@ -7,9 +7,14 @@
 // AVX-512 (also -mavx512f -mavx512bw -mavx512vl -mavx512vnni) runs the q4, q8, q4k and
 // q6k loops on 512-bit vpdpbusd, up to 16 rows per pass over the weights (32 vector
 // registers), with activations stored in the orders its 64-byte loads want (group_low,
-// slot) and a float order of its own (the last bits differ from AVX2's). Attention and
-// the elementwise pieces are the same 256-bit code in every build. Every integer sum is
-// exact in every variant, and each variant keeps the promise below on its own.
+// slot) and a float order of its own (the last bits differ from AVX2's). AMX (also
+// -mamx-tile -mamx-int8; the library asks the OS for tile data when it loads, and
+// anve_qdot_ready says whether it got it) is the AVX-512 build whose q4k calls of 16 rows
+// or more take their exact 32-group sums from AMX-INT8 tiles (all rows in one pass over
+// the weights) and then repeat the AVX-512 loop's float steps: it returns the avx512
+// build's bits, bit for bit. Attention and the elementwise pieces are the same 256-bit
+// code in every build. Every integer sum is exact in every variant, and each variant
+// keeps the promise below on its own.
 //
 // Contract: y[m, n] = sum_k x[m, k] * w[n, k] for M rows of float32 activations, where
 // the activations are first rounded per group of 32 to int8 codes with one float scale
@@ -32,7 +37,10 @@
 //       per 16 inputs and float32 d per 256: w = d * sc * code. Activations rounded per
 //       256 inputs.
 //   q8: int8 codes per output row with one float scale: w = code * scale.
-// Threads: OpenMP over output features (the process's one OpenMP runtime, torch's).
+// Threads: OpenMP over output features (the process's one OpenMP runtime, torch's), in
+// tiles of 16 (each tile's rows all in one call: the amx tiles' unit).
+// Rows: any number per call; the AVX-512 loops take up to 16 rows per pass over the
+// weights (8 elsewhere), more in balanced passes; amx's q4k tiles take all rows in one.
 //
 // Row attention (anve_row_attention): softmax(q . k^T * scaling) . v in float32 for T
 // query rows, each over its own causal prefix of the cache, one (row, head) pair per
@@ -42,8 +50,9 @@
 // step and those rows, and gets bit for bit what a one-row step gets once its ancestors
 // sit contiguously before it (the positions are visited in the same order).
 //
-// Decoder step (anve_decoder_step): a whole Llama/Qwen2 decoding step of T <= 16 new
-// tokens through every layer in one call (RMSNorm, q/k/v, rotary, the KV cache write,
+// Decoder step (anve_decoder_step): a whole Llama/Qwen2 step of T new tokens (any T for
+// causal rows, e.g. 64 a call when reading a prompt; at most 31 with a draft tree)
+// through every layer in one call (RMSNorm, q/k/v, rotary, the KV cache write,
 // row attention, o, residual, RMSNorm, gate/up, SiLU * up, down, residual), built from
 // the pieces above and row-wise elementwise code with no threads' say in any sum, so it
 // keeps their promise: row t of a T-row step is bit-identical to a one-row step.
@@ -57,6 +66,12 @@
 #include <type_traits>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512VNNI__) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#define ANVE_AVX512 1
+#define ANVE_VNNI 1
+#define ANVE_AMX 1
+#define ANVE_VARIANT "amx"
+#elif defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512VNNI__)
 #define ANVE_AVX512 1
 #define ANVE_VNNI 1
@@ -71,12 +86,32 @@
 #define ANVE_VARIANT "avx2"
 #endif
 
+#ifndef ANVE_AMX
+#define ANVE_AMX 0
+#endif
+#if ANVE_AMX
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace {
 
 constexpr int GROUP = 32;
 // Rows per pass over the weights (as many as the row accumulators fit in registers);
 // more rows go in balanced passes (9 rows: 5 + 4, never 8 + 1).
 constexpr int MAX_M = ANVE_AVX512 ? 16 : 8;
+
+#if ANVE_AMX
+// Rows at a time per set of tiles; more rows take more sets over the same prepared weights.
+constexpr int AMX_ROWS = 16;
+// Calls of at least this many rows take their q4k integer sums from tiles (fewer: the
+// AVX-512 loop, whose float steps the tile loop repeats exactly); measured best, as
+// is leaving q6k on the AVX-512 loop (see docs/kernels-amx.md).
+constexpr int AMX_FROM = 16;
+inline int amx_rows(int M) { return M < AMX_ROWS ? M : AMX_ROWS; }
+// Rows of the tiles' codes a call stores: whole sets of 16 (none below AMX_FROM rows).
+inline int amx_padded(int M) { return M < AMX_FROM ? 0 : (M + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS; }
+#endif
 
 #if ANVE_VNNI
 // acc + the four-byte dot products of u (unsigned) and s (signed) per int32 lane: what
@@ -255,6 +290,16 @@ inline void unpack_q4_pair(const uint8_t *codes, __m256i &first, __m256i &second
 }
 
 #if ANVE_AVX512
+// The sum of a vector's 16 float lanes in a fixed tree (what the amx loops repeat over
+// vectors): (l + l8) for l < 8, then (t + t4), (u0 + u2) + (u1 + u3).
+inline float sum_lanes(__m512 a) {
+    const __m256 t = _mm256_add_ps(_mm512_castps512_ps256(a),
+                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+    const __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    const __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));  // u0 + u2, u1 + u3
+    return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+}
+
 // [16] int32: lane 4l + q holds the sum of the four int32 lanes of 128-bit lane l of a[q].
 inline __m512i sum_fours(const __m512i a[4]) {
     const __m512i u01 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[0], a[1]), _mm512_unpackhi_epi32(a[0], a[1]));
@@ -430,12 +475,21 @@ struct QuantRows256 {
     float *bsum;    // [M, K / 32], dx * the sum of each 32-group's codes
     float *gscale;  // [M, K / 32], dx of each 32-group's super-block (AVX-512 only)
     int8_t *flipped;  // [M, K], codes ^ 0x80 (codes + 128 as unsigned; AVX-512 only)
+    int8_t *natural;  // the codes in input order, laid out for the tiles (tile_rows; amx only)
 };
 
 // Where kernel-order vector v (0..7) of a super-block's activations sits. The AVX-512
 // loops read 64 bytes at a time as vectors (0, 2), (1, 3), (4, 6), (5, 7): the halves
 // that one 64-byte load of q4k codes unpacks into (chunk c's low nibbles are vector 2c).
 constexpr int slot(int v) { return ANVE_AVX512 ? (v & 4) | (v & 1) << 1 | (v >> 1 & 1) : v; }
+
+#if ANVE_AMX
+// Where row m's codes of group g of super-block sb sit for the tiles: per set of 16
+// rows, super-block and group, the 16 rows' 32 codes (input order) one after another.
+inline int64_t tile_rows(int m, int sb, int g, int K) {
+    return (((int64_t)(m / 16) * (K / SUPER) + sb) * (SUPER / GROUP) + g) * 16 * GROUP + (m % 16) * GROUP;
+}
+#endif
 
 void quantize_rows_256(const float *x, int M, int K, QuantRows256 q) {
     const int S = K / SUPER;
@@ -449,6 +503,11 @@ void quantize_rows_256(const float *x, int M, int K, QuantRows256 q) {
             q.bsum[(int64_t)ms * (SUPER / GROUP) + j] = d * (float)total;
         }
         int8_t *dst = q.codes + (int64_t)ms * SUPER;
+#if ANVE_AMX
+        if (q.natural)  // what the tiles take (tile_rows)
+            for (int g = 0; g < SUPER / GROUP; ++g)
+                memcpy(q.natural + tile_rows(ms / (K / SUPER), ms % (K / SUPER), g, K), codes + g * GROUP, GROUP);
+#endif
         for (int i = 0; i < SUPER; i += 4) {
             const int at = kernel_position(i);
             memcpy(dst + slot(at / GROUP) * GROUP + at % GROUP, codes + i, 4);
@@ -627,7 +686,7 @@ inline void q4k_one_512(const QuantRows256 xq, int K, const Q4KWeights w, const 
         }
     }
     const float b = bias ? bias[n] : 0.0f;
-    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = _mm512_reduce_add_ps(acc[m]) + b;
+    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = sum_lanes(acc[m]) + b;
 }
 #endif
 
@@ -807,6 +866,210 @@ inline void q6k_one_512(const QuantRows256 xq, int K, const Q6KWeights w, const 
 }
 #endif
 
+#if ANVE_AMX
+// --- AMX-INT8 (the amx build): q4k and q6k on tiles, for every row count -------------
+//
+// The tiles compute C[m][n] = sum_k A[m][k] * B[k][n] exactly in int32 for up to 16 rows
+// m of activations (A: int8, in input order, one tile per 32-group or 16-block) and 16
+// output features n (B: the weights' codes, 4 consecutive inputs of one feature per
+// dword, built per call by a 16 x 16 dword transpose of 16 features' codes). Every
+// group's (q4k) or block's (q6k) dot product comes out exact, and the float work that
+// follows runs on vectors over the 16 features, one row at a time, the same code
+// whatever the number of rows: per row and super-block,
+//   q4k: s = sum_g float(dot_g) * sc_g (g = 0..7 in order, fused multiply-adds),
+//        mins = sum_g csum_g * mn_g (exact), acc = fma(s, d * dx, acc), then
+//        acc = fnma(mins, dmin * dx, acc);
+//   q6k: s = sum_b float(dot_b) * sc_b (b = 0..15 in order), acc = fma(s, d * dx, acc);
+// y = acc + bias. So a k-row call returns bit for bit what k one-row calls return (the
+// integers are exact, the float order is fixed per row and feature).
+
+bool amx_ready = false;  // the OS lets this process use tile data (asked once at load)
+
+__attribute__((constructor)) void request_amx() {
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    amx_ready = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+struct alignas(64) TileConfig {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+// Tiles 0..3 hold results (rows x 16 int32), 4..5 activations (rows x 32 bytes), 6..7
+// weights (8 x 64 bytes). Loaded by each thread at the start of every call that uses
+// tiles (another library in the process may have loaded a shape of its own), released
+// at its end.
+inline void configure_tiles(int rows) {
+    TileConfig c;
+    memset(&c, 0, sizeof(c));
+    c.palette = 1;
+    for (int t = 0; t < 4; ++t) c.rows[t] = (uint8_t)rows, c.colsb[t] = 64;
+    for (int t = 4; t < 6; ++t) c.rows[t] = (uint8_t)rows, c.colsb[t] = GROUP;
+    for (int t = 6; t < 8; ++t) c.rows[t] = 8, c.colsb[t] = 64;
+    _tile_loadconfig(&c);
+}
+
+// r[i] (16 rows of 16 dwords) transposed in place: r[i] lane j = old r[j] lane i.
+inline void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    __m512i u[4][4];  // u[R][q], 128-bit lane L: column 4L + q of rows 4R .. 4R + 3
+    for (int R = 0; R < 4; ++R) {
+        u[R][0] = _mm512_unpacklo_epi64(t[4 * R], t[4 * R + 2]);
+        u[R][1] = _mm512_unpackhi_epi64(t[4 * R], t[4 * R + 2]);
+        u[R][2] = _mm512_unpacklo_epi64(t[4 * R + 1], t[4 * R + 3]);
+        u[R][3] = _mm512_unpackhi_epi64(t[4 * R + 1], t[4 * R + 3]);
+    }
+    for (int q = 0; q < 4; ++q) {
+        const __m512i x0 = _mm512_shuffle_i32x4(u[0][q], u[1][q], 0x44);
+        const __m512i x1 = _mm512_shuffle_i32x4(u[0][q], u[1][q], 0xEE);
+        const __m512i x2 = _mm512_shuffle_i32x4(u[2][q], u[3][q], 0x44);
+        const __m512i x3 = _mm512_shuffle_i32x4(u[2][q], u[3][q], 0xEE);
+        r[q] = _mm512_shuffle_i32x4(x0, x2, 0x88);
+        r[4 + q] = _mm512_shuffle_i32x4(x0, x2, 0xDD);
+        r[8 + q] = _mm512_shuffle_i32x4(x1, x3, 0x88);
+        r[12 + q] = _mm512_shuffle_i32x4(x1, x3, 0xDD);
+    }
+}
+
+// 64 bytes from row n of a [rows, stride] byte array, zeros for a row past the tile.
+inline __m512i row64(const uint8_t *base, int64_t stride, int n, int valid) {
+    return n < valid ? _mm512_loadu_si512((const void *)(base + (int64_t)n * stride))
+                     : _mm512_setzero_si512();
+}
+
+// Four tile products of group/block t0 .. t0 + 3: C tile (t & 3) = A(t) . B(t), stored
+// at c + 256 t (int32); A(t) at a_at(t) (a_stride bytes a row), B(t) at b_at(t) (64).
+#define ANVE_AMX_FOUR(DP, t0, a_at, a_stride, b_at, c)                                    \
+    do {                                                                                  \
+        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);                       \
+        _tile_loadd(4, a_at((t0) + 0), a_stride);                                         \
+        _tile_loadd(6, b_at((t0) + 0), 64);                                               \
+        _tile_loadd(5, a_at((t0) + 1), a_stride);                                         \
+        _tile_loadd(7, b_at((t0) + 1), 64);                                               \
+        DP(0, 4, 6);                                                                      \
+        DP(1, 5, 7);                                                                      \
+        _tile_loadd(4, a_at((t0) + 2), a_stride);                                         \
+        _tile_loadd(6, b_at((t0) + 2), 64);                                               \
+        _tile_loadd(5, a_at((t0) + 3), a_stride);                                         \
+        _tile_loadd(7, b_at((t0) + 3), 64);                                               \
+        DP(2, 4, 6);                                                                      \
+        DP(3, 5, 7);                                                                      \
+        _tile_stored(0, (c) + ((t0) + 0) * 256, 64);                                      \
+        _tile_stored(1, (c) + ((t0) + 1) * 256, 64);                                      \
+        _tile_stored(2, (c) + ((t0) + 2) * 256, 64);                                      \
+        _tile_stored(3, (c) + ((t0) + 3) * 256, 64);                                      \
+    } while (0)
+
+
+
+inline __m512i row_offsets(int stride) {
+    return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                              _mm512_set1_epi32(stride));
+}
+
+// q4k_one_512 for output features n0 .. n1 - 1 (at most 16) of all M rows (the tiles
+// configured for amx_rows(M) rows by the caller's thread), its integer
+// sums from tiles: per super-block pair, the 16 groups' exact sums (lane l: group l % 8
+// of super-block 2 pair + l / 8; an odd last one's partner all zeros, as there), then
+// for each lane the same float steps in the same order, vectorised over the features
+// instead of the lanes (a row's 16 lane sums stay in registers), the lanes added in
+// sum_lanes' tree: the bits of q4k_one_512.
+void q4k_amx(const QuantRows256 xq, int M, int K, const Q4KWeights w, const float *bias,
+             float *y, int N, int n0, int n1) {
+    const int S = K / SUPER, G = K / GROUP, valid = n1 - n0, pairs = (S + 1) / 2;
+    const int sets = (M + AMX_ROWS - 1) / AMX_ROWS;
+    const __mmask16 live = (__mmask16)((1u << valid) - 1);
+    alignas(64) uint8_t bbuf[8 * 8 * 64];  // [group][j][16 features x 4 bytes]
+    // [pair][scd, mins][lane][feature]: float(sc) * d and float(mn) * dmin
+    float *fac = (float *)aligned_alloc(64, (size_t)pairs * 2 * 256 * sizeof(float));
+    // [set][super-block, 2 pairs of them][group][16 rows][feature]: the exact group sums
+    int32_t *cb = (int32_t *)aligned_alloc(64, (size_t)sets * 2 * pairs * 8 * 256 * sizeof(int32_t));
+    const __m512i nibble = _mm512_set1_epi8(0x0F), byte = _mm512_set1_epi32(0xFF);
+    const __m512i by_g = row_offsets(G), by_s = row_offsets(S);
+    const uint8_t *tile = w.codes + (int64_t)n0 * (K / 2);
+    for (int sb = 0; sb < S; ++sb) {
+        prefetch((const char *)tile + 16 * (int64_t)(K / 2) + sb * 16 * (SUPER / 2), 16 * SUPER / 2);
+        float *f = fac + (sb / 2) * 512 + (sb & 1) * 128;  // lanes 8 (sb & 1) ..
+        const __m512 d = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, by_s, w.d + (int64_t)n0 * S + sb, 4);
+        const __m512 dmin = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, by_s,
+                                                     w.dmin + (int64_t)n0 * S + sb, 4);
+        for (int h = 0; h < 2; ++h) {
+            const __m512i sc4 = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, by_g,
+                (const void *)(w.sc + (int64_t)n0 * G + sb * 8 + 4 * h), 1);
+            const __m512i mn4 = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, by_g,
+                (const void *)(w.mn + (int64_t)n0 * G + sb * 8 + 4 * h), 1);
+            for (int b = 0; b < 4; ++b) {
+                const int g = 4 * h + b;
+                _mm512_store_ps(f + 16 * g, _mm512_mul_ps(_mm512_cvtepi32_ps(
+                    _mm512_and_si512(_mm512_srli_epi32(sc4, 8 * b), byte)), d));
+                _mm512_store_ps(f + 256 + 16 * g, _mm512_mul_ps(_mm512_cvtepi32_ps(
+                    _mm512_and_si512(_mm512_srli_epi32(mn4, 8 * b), byte)), dmin));
+            }
+        }
+        for (int half = 0; half < 2; ++half) {  // bytes 64 * half .. of each feature's 128
+            __m512i r[16];
+            for (int n = 0; n < 16; ++n) r[n] = row64(tile + sb * (SUPER / 2) + 64 * half, K / 2, n, valid);
+            transpose16(r);
+            for (int i = 0; i < 16; ++i) {  // packed dword i: chunk 2 half + i / 8, group i % 8
+                const int c = 2 * half + i / 8, g = i % 8;
+                _mm512_store_si512((void *)(bbuf + (g * 8 + 2 * c) * 64), _mm512_and_si512(r[i], nibble));
+                _mm512_store_si512((void *)(bbuf + (g * 8 + 2 * c + 1) * 64),
+                                   _mm512_and_si512(_mm512_srli_epi16(r[i], 4), nibble));
+            }
+        }
+        for (int set = 0; set < sets; ++set) {
+            const int8_t *a = xq.natural + ((int64_t)set * S + sb) * AMX_ROWS * SUPER;  // see tile_rows
+            int32_t *c = cb + ((int64_t)set * 2 * pairs + sb) * 8 * 256;
+            const auto a_at = [&](int g) { return a + g * (AMX_ROWS * GROUP); };
+            const auto b_at = [&](int g) { return bbuf + g * 512; };
+            ANVE_AMX_FOUR(_tile_dpbsud, 0, a_at, GROUP, b_at, c);
+            ANVE_AMX_FOUR(_tile_dpbsud, 4, a_at, GROUP, b_at, c);
+        }
+    }
+    if (S & 1) {  // the last pair's second half: zeros
+        memset(fac + (pairs - 1) * 512 + 128, 0, 128 * sizeof(float));
+        memset(fac + (pairs - 1) * 512 + 384, 0, 128 * sizeof(float));
+        for (int set = 0; set < sets; ++set)
+            memset(cb + ((int64_t)set * 2 * pairs + S) * 8 * 256, 0, 8 * 256 * sizeof(int32_t));
+    }
+    const __m512 b = bias ? _mm512_maskz_loadu_ps(live, bias + n0) : _mm512_setzero_ps();
+    for (int m = 0; m < M; ++m) {
+        const int32_t *c = cb + (int64_t)(m / AMX_ROWS) * 2 * pairs * 8 * 256 + (m % AMX_ROWS) * 16;
+        __m512 acc[16];
+#pragma GCC unroll 16
+        for (int l = 0; l < 16; ++l) acc[l] = _mm512_setzero_ps();
+        for (int pair = 0; pair < pairs; ++pair) {
+            const float *f = fac + pair * 512;
+            const int64_t at = (int64_t)m * G + pair * 16;
+            const bool two = 2 * pair + 1 < S;
+#pragma GCC unroll 16
+            for (int l = 0; l < 16; ++l) {  // (dot * sc * d) * dx - (mn * dmin) * (dx * bsum)
+                const float dx = l < 8 || two ? xq.gscale[at + l] : 0.0f;
+                const float bs = l < 8 || two ? xq.bsum[at + l] : 0.0f;
+                const __m512 dots = _mm512_mul_ps(_mm512_cvtepi32_ps(
+                    _mm512_load_si512(c + (2 * pair * 8 + l) * 256)), _mm512_load_ps(f + 16 * l));
+                acc[l] = _mm512_fnmadd_ps(_mm512_load_ps(f + 256 + 16 * l), _mm512_set1_ps(bs),
+                                          _mm512_fmadd_ps(dots, _mm512_set1_ps(dx), acc[l]));
+            }
+        }
+        __m512 t[8];
+        for (int i = 0; i < 8; ++i) t[i] = _mm512_add_ps(acc[i], acc[i + 8]);
+        for (int i = 0; i < 4; ++i) t[i] = _mm512_add_ps(t[i], t[i + 4]);
+        const __m512 r = _mm512_add_ps(_mm512_add_ps(t[0], t[2]), _mm512_add_ps(t[1], t[3]));
+        _mm512_mask_storeu_ps(y + (int64_t)m * N + n0, live, _mm512_add_ps(r, b));
+    }
+    free(cb);
+    free(fac);
+}
+
+#undef ANVE_AMX_FOUR
+#endif
+
 // The rows from m0 on.
 QuantRows rows_from(const QuantRows &q, int m0, int K) {
     const int64_t G = K / GROUP;
@@ -817,7 +1080,7 @@ QuantRows rows_from(const QuantRows &q, int m0, int K) {
 QuantRows256 rows_from(const QuantRows256 &q, int m0, int K) {
     return {q.codes + m0 * (int64_t)K, q.scale + m0 * (int64_t)(K / SUPER),
             q.bsum + m0 * (int64_t)(K / GROUP), q.gscale + m0 * (int64_t)(K / GROUP),
-            q.flipped + m0 * (int64_t)K};
+            q.flipped + m0 * (int64_t)K, nullptr};  // the tiles take all rows at once
 }
 
 // Rows at a time in one pass over a q6k output feature's weights: their sums stay in
@@ -1058,11 +1321,20 @@ void add_into(float *x, const float *y, int64_t n) {
 struct Scratch {
     char *block;
     int64_t codes_bytes, float_bytes;
+    int64_t tile_bytes;  // the tiles' codes (amx, from AMX_FROM rows on), after the rest
     Scratch(int M, int K) {
+#if ANVE_AMX
+        const int64_t padded = amx_padded(M);  // whole sets of tile rows, the rest zero
+#else
+        const int64_t padded = 0;
+#endif
         codes_bytes = ((int64_t)M * K + 63) / 64 * 64;
         float_bytes = (3 * (int64_t)M * (K / GROUP) * 4 + 63) / 64 * 64;
-        const int64_t bytes = codes_bytes * (ANVE_AVX512 ? 2 : 1) + float_bytes;
+        tile_bytes = padded * K;
+        const int64_t bytes = codes_bytes * (ANVE_AVX512 ? 2 : 1) + float_bytes + tile_bytes;
         block = (char *)aligned_alloc(64, (size_t)(bytes > 64 ? bytes : 64));
+        if (padded > M)  // rows past M of the tiles' codes: zero
+            memset(block + 2 * codes_bytes + float_bytes, 0, (size_t)tile_bytes);
     }
     ~Scratch() { free(block); }
     QuantRows rows(int M, int K) const {
@@ -1073,7 +1345,8 @@ struct Scratch {
     QuantRows256 rows256(int M, int K) const {
         float *scale = (float *)(block + codes_bytes), *bsum = scale + (int64_t)M * (K / SUPER);
         return {(int8_t *)block, scale, bsum, bsum + (int64_t)M * (K / GROUP),
-                (int8_t *)(block + codes_bytes + float_bytes)};
+                (int8_t *)(block + codes_bytes + float_bytes),
+                tile_bytes ? (int8_t *)(block + 2 * codes_bytes + float_bytes) : nullptr};
     }
 };
 
@@ -1093,9 +1366,19 @@ inline void with_rows(int mm, F &&f) {
 
 extern "C" {
 
-int anve_qdot_version(void) { return 15; }
+int anve_qdot_version(void) { return 16; }
 
-// The instruction set this copy was compiled for: "avx2", "avxvnni" or "avx512".
+// Whether this copy can run here: the amx build needs the OS's leave to use tile data
+// (asked for when the library loads); the others always can.
+int anve_qdot_ready(void) {
+#if ANVE_AMX
+    return amx_ready ? 1 : 0;
+#else
+    return 1;
+#endif
+}
+
+// The instruction set this copy was compiled for: "avx2", "avxvnni", "avx512" or "amx".
 const char *anve_qdot_variant(void) { return ANVE_VARIANT; }
 
 // Rows one pass over the weights holds.
@@ -1103,13 +1386,7 @@ int anve_qdot_max_rows(void) { return MAX_M; }
 
 // One linear layer of a call: its weight form, N, weight arrays (in the order of the
 // forms above), optional bias [N] and output y [M, N].
-// The format ids come from engine/cpu/formats.py (kernels.py passes -DANVE_FORM_<NAME>).
-#if !defined(ANVE_FORM_Q4) || !defined(ANVE_FORM_Q8) || !defined(ANVE_FORM_Q4K) || \
-    !defined(ANVE_FORM_Q6K)
-#error "build with the format ids of engine/cpu/formats.py (-DANVE_FORM_Q4=... and so on)"
-#endif
-enum Form { FORM_Q4 = ANVE_FORM_Q4, FORM_Q8 = ANVE_FORM_Q8, FORM_Q4K = ANVE_FORM_Q4K,
-            FORM_Q6K = ANVE_FORM_Q6K };
+enum Form { FORM_Q4 = 0, FORM_Q8 = 1, FORM_Q4K = 2, FORM_Q6K = 3 };
 struct Part {
     int form;
     int n;
@@ -1120,6 +1397,14 @@ struct Part {
 
 void part_tile(const Part &p, int M, int K, const QuantRows &r32, const QuantRows256 &r256,
                int n0, int n1) {
+#if ANVE_AMX
+    if (p.form == FORM_Q4K && M >= AMX_FROM) {  // all rows in one pass, on tiles
+        const Q4KWeights w = {(const uint8_t *)p.w[0], (const uint8_t *)p.w[1],
+                              (const uint8_t *)p.w[2], (const float *)p.w[3],
+                              (const float *)p.w[4]};
+        return q4k_amx(r256, M, K, w, p.bias, p.y, p.n, n0, n1);
+    }
+#endif
     const int passes = (M + MAX_M - 1) / MAX_M;
     for (int pass = 0, m0 = 0; pass < passes; ++pass) {  // rows m0 .. m0 + mm - 1
         const int mm = (M - m0) / (passes - pass) + ((M - m0) % (passes - pass) ? 1 : 0);
@@ -1172,12 +1457,25 @@ void anve_linear_parts(const float *x, int M, int K, int n_parts, const Part *pa
     const QuantRows256 r256 = s256.rows256(M, K);
     if (per32) quantize_rows(x, M, K, r32);
     if (per256) quantize_rows_256(x, M, K, r256);
-#pragma omp parallel for schedule(static)
-    for (int t = 0; t < tiles; ++t) {
-        int i = 0, first = 0;  // part i holds tiles first .. first + its tile count - 1
-        while (t - first >= tiles_of(parts[i])) first += tiles_of(parts[i++]);
-        const int n0 = (t - first) * TILE, n1 = n0 + TILE < parts[i].n ? n0 + TILE : parts[i].n;
-        part_tile(parts[i], M, K, r32, r256, n0, n1);
+#if ANVE_AMX
+    bool on_tiles = false;  // some part takes its sums from tiles (see part_tile)
+    for (int i = 0; i < n_parts; ++i) on_tiles |= parts[i].form == FORM_Q4K && M >= AMX_FROM;
+#endif
+#pragma omp parallel
+    {
+#if ANVE_AMX
+        if (on_tiles) configure_tiles(amx_rows(M));
+#endif
+#pragma omp for schedule(static)
+        for (int t = 0; t < tiles; ++t) {
+            int i = 0, first = 0;  // part i holds tiles first .. first + its tile count - 1
+            while (t - first >= tiles_of(parts[i])) first += tiles_of(parts[i++]);
+            const int n0 = (t - first) * TILE, n1 = n0 + TILE < parts[i].n ? n0 + TILE : parts[i].n;
+            part_tile(parts[i], M, K, r32, r256, n0, n1);
+        }
+#if ANVE_AMX
+        if (on_tiles) _tile_release();
+#endif
     }
 }
 
