@@ -5,6 +5,9 @@
 document, free chat; chat template applied, greedy, up to 128 new tokens):
 
 * plain decoding (our loop, no drafter) — the baseline every speedup is against;
+* ``auto``, the worker's default: per answer the method the machine's calibration and
+  the acceptance observed so far predict fastest for the question's kind (the engine is
+  calibrated first, as a worker is at start);
 * each of our drafters with a fixed draft length and with the adaptive policy, and the
   draft model and EAGLE head drafting small trees (their chain plus likely
   alternatives, :mod:`engine.drafters.tree`) verified in one pass;
@@ -58,6 +61,7 @@ from typing import Any
 import psutil
 import torch
 
+from engine.calibration import classify
 from engine.cpu import kernels
 from engine.cpu.layers import Q4KLinear
 from engine.cpu.quantize import model_bytes
@@ -141,15 +145,15 @@ def enter(engine: ChatEngine, state: RowState) -> None:
     engine.policies = state.policies
     engine.drafters["suffix"] = state.suffix
     for drafter in engine.drafters.values():
-        forget = getattr(drafter, "reset", None)  # drafters with a cache of their own
-        if callable(forget):
-            forget()
+        drafter.reset()  # drafters with a cache of their own
 
 
 def run_ours(engine: ChatEngine, ids: list[int], kind: str, method: str, k: DraftLength,
              max_tokens: int) -> Run:
     engine.runner.reset()
-    *_, done = engine.generate_ids(ids, max_tokens=max_tokens, method=method, num_draft_tokens=k)
+    question = classify(engine.target.tokenizer.decode(ids)) if method == AUTO else None
+    *_, done = engine.generate_ids(ids, max_tokens=max_tokens, method=method, num_draft_tokens=k,
+                                   kind=question)
     assert isinstance(done, Completion)
     s = done.stats
     return Run(kind, list(done.token_ids), s.total_s, s.passes, s.drafted, s.accepted,
@@ -578,12 +582,12 @@ def row_specs(engine: ChatEngine, k: int, max_tokens: int,
 
     specs: list[RowSpec] = [("plain (ours)", ours("off", k))]
     specs += [(f"plain [{name}]", plain_under(name)) for name in variants]
+    specs.append(("auto (the default)", ours(AUTO, ADAPTIVE)))
     for method in ("draft", "ngram", "suffix", "hybrid", "eagle"):
         if method in engine.methods:
             specs += [(f"{method} k={k}", ours(method, k)),
                       (f"{method} adaptive", ours(method, ADAPTIVE))]
-        if method in ("draft", "eagle") and method in engine.methods \
-                and engine.runner.verifies_trees:
+        if method in ("draft", "eagle") and method in engine.methods:
             specs.append((f"{method} tree k={k}", ours(method, k, TREE_BRANCHES)))
     if engine.draft is not None:
         specs.append(("transformers assisted (draft model)", peer("assisted")))
@@ -716,6 +720,9 @@ def main(argv: list[str] | None = None) -> int:
     specs = [s for i, s in enumerate(specs)
              if i == 0 or not wanted or any(w in s[0] for w in wanted)]
     prompts = load_prompts(PROMPTS, per_kind)
+    if any(name.startswith("auto") for name, _ in specs):
+        for _ in engine.calibrate(None):  # what a worker measures at start, for auto
+            pass
     costs = verification_costs(engine)
     bandwidth = copy_bandwidth()
     rows = run_rows(engine, specs, prompts)

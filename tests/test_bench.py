@@ -85,6 +85,7 @@ def test_tiny_run_fills_every_row_and_greedy_rows_match_plain() -> None:
     specs = bench.row_specs(engine, 2, 12)
     names = [name for name, _ in specs]
     assert names[0] == "plain (ours)" and "draft k=2" in names and "suffix adaptive" in names
+    assert "auto (the default)" in names  # the worker's default method, chosen per answer
     assert "transformers assisted (draft model)" in names and "transformers prompt lookup" in names
     rows = bench.run_rows(engine, specs, prompts)
     plain = rows[0].runs
