@@ -69,7 +69,7 @@ from engine.drafters.suffix import SuffixDrafter
 from engine.protocol import ACCELERATIONS, Completion
 from engine.registry import PROFILES
 from engine.runner import ModelRunner
-from engine.session import ADAPTIVE, ChatEngine, DraftLength
+from engine.session import ADAPTIVE, AUTO, ChatEngine, DraftLength
 
 log = logging.getLogger(__name__)
 
@@ -502,6 +502,8 @@ def markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         + f" · linear layers {meta['accel']}"
         + f" · native kernels {meta.get('kernels') or 'off'}",
         "",
+        f"Target forward: {meta.get('plan_summary', 'not recorded')}",
+        "",
         "| row | tok/s | speedup | generation tok/s² | speedup² | acceptance | tokens/pass "
         "| identical¹ | peak RSS |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | :---: | ---: |",
@@ -733,6 +735,8 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(), "profile": profile,
         "target": target, "draft": draft, "dtype": args.dtype, "prompts": len(prompts),
         "accel": engine.target.accel, "fixed_k": k, "kernels": running,
+        "plan": engine.runner.model_forward.plan.to_dict(),
+        "plan_summary": engine.runner.model_forward.plan.summary(),
         "variant_ab": ab,
         "max_tokens": args.max_tokens, "verify_cost_s": costs, "copy_gb_s": bandwidth / 1e9,
         "weight_gb": weights / 1e9, "ceiling_tps": bandwidth / weights,
