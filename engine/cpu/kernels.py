@@ -51,11 +51,14 @@ from pathlib import Path
 import platformdirs
 import torch
 
+from engine.cpu import formats
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "qdot.cpp"
 BASE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
-              "-ffp-contract=off")  # a * b + c rounds twice, as torch's elementwise ops do
+              "-ffp-contract=off",  # a * b + c rounds twice, as torch's elementwise ops do
+              *formats.c_defines())  # the weight formats' ids (engine.cpu.formats)
 GROUP = 32  # activations and q4 weights are grouped by 32 input features
 MAX_TREE = 31  # rows of a draft tree one call attends over (one bit each in an int32)
 _P, _I = ctypes.c_void_p, ctypes.c_int
@@ -184,7 +187,7 @@ class DecoderModel(ctypes.Structure):
                 ("scaling", ctypes.c_float), ("layers", ctypes.POINTER(DecoderLayer))]
 
 
-FORMS = {"q4": 0, "q8": 1, "q4k": 2, "q6k": 3}
+FORMS = formats.C_IDS  # format name -> id in the C Part
 PartSpec = tuple[str, tuple[torch.Tensor, ...], torch.Tensor | None]  # form, weights, bias
 
 

@@ -1386,7 +1386,13 @@ int anve_qdot_max_rows(void) { return MAX_M; }
 
 // One linear layer of a call: its weight form, N, weight arrays (in the order of the
 // forms above), optional bias [N] and output y [M, N].
-enum Form { FORM_Q4 = 0, FORM_Q8 = 1, FORM_Q4K = 2, FORM_Q6K = 3 };
+// The format ids come from engine/cpu/formats.py (kernels.py passes -DANVE_FORM_<NAME>).
+#if !defined(ANVE_FORM_Q4) || !defined(ANVE_FORM_Q8) || !defined(ANVE_FORM_Q4K) || \
+    !defined(ANVE_FORM_Q6K)
+#error "build with the format ids of engine/cpu/formats.py (-DANVE_FORM_Q4=... and so on)"
+#endif
+enum Form { FORM_Q4 = ANVE_FORM_Q4, FORM_Q8 = ANVE_FORM_Q8, FORM_Q4K = ANVE_FORM_Q4K,
+            FORM_Q6K = ANVE_FORM_Q6K };
 struct Part {
     int form;
     int n;
