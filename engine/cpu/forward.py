@@ -356,6 +356,37 @@ class _Decoder:
             layer.length = start + t
         return x[0]
 
+    def run_seqs(self, x: torch.Tensor, caches: Sequence[KVCache], seq: Sequence[int],
+                 pos: Sequence[int]) -> torch.Tensor:
+        """Rows of several sequences in one native call (see :meth:`Forward.step_many`):
+        ``x [T, H]``, row ``t`` at position ``pos[t]`` of ``caches[seq[t]]``; returns the
+        final normed ``[T, H]``."""
+        assert self.native is not None
+        if not self._current():
+            self._bind()
+        cos, sin = self.rotary(torch.tensor(list(pos)))
+        counts = [0] * len(caches)
+        for s in seq:
+            counts[s] += 1
+        keys, values, strides = [], [], []
+        for cache, count in zip(caches, counts, strict=True):
+            for layer in cache.layers:
+                layer.room(count, self.kv_heads, self.head_dim, torch.float32)
+                assert layer.key_buf is not None and layer.value_buf is not None
+                keys.append(layer.key_buf.data_ptr())
+                values.append(layer.value_buf.data_ptr())
+                strides.append(layer.key_buf.stride(0))
+        x = x.to(torch.float32).contiguous().clone()  # [T, H], updated in place
+        kernels.decoder_step_seqs(
+            self.native, x, torch.tensor(list(seq), dtype=torch.int32),
+            torch.tensor(list(pos), dtype=torch.int32), cos.contiguous(), sin.contiguous(),
+            torch.tensor(keys, dtype=torch.int64), torch.tensor(values, dtype=torch.int64),
+            torch.tensor(strides, dtype=torch.int64))
+        for cache, count in zip(caches, counts, strict=True):
+            for layer in cache.layers:
+                layer.length += count
+        return rms_norm(x, self.norm.weight, self.eps)
+
     def _run_reference(self, x: torch.Tensor, cache: KVCache, start: int, cos: torch.Tensor,
                        sin: torch.Tensor, tree: torch.Tensor | None) -> torch.Tensor:
         t, dh = x.shape[0], self.head_dim
@@ -476,6 +507,35 @@ class Forward:
         vocab = logits[0].shape[-1] if logits else 0
         return (torch.cat(logits) if logits else torch.empty(0, vocab),
                 torch.cat(features) if keep else None)
+
+    @torch.inference_mode()
+    def step_many(self, steps: Sequence[tuple[Sequence[int], KVCache]],
+                  rows: Sequence[int] | None = None) -> list[torch.Tensor]:
+        """New ids of several sequences in one pass (batched decoding): ``steps[b]`` is
+        ``(ids, cache)``, the ids appended to that sequence's own cache; returns for each
+        the logits of its last ``rows[b]`` new positions (default 1) ``[rows_b, V]``. The
+        native back end runs every row in one call, reading the weights once for all, and
+        gives each row bit for bit what stepping its sequence alone gives (the row promise
+        across sequences); the reference steps each sequence on its own."""
+        rows = [1] * len(steps) if rows is None else list(rows)
+        if not steps or len(rows) != len(steps):
+            raise ValueError(f"{len(steps)} sequences and {len(rows)} row counts")
+        if len({id(cache) for _, cache in steps}) != len(steps):
+            raise ValueError("each sequence of a batched step needs a cache of its own")
+        if any(not ids or not 0 <= r <= len(ids) for (ids, _), r in zip(steps, rows, strict=True)):
+            raise ValueError("every sequence needs at least one id and at most that many rows")
+        if self.decoder.native is None:
+            return [self.step(ids, cache, r, keep=False)[0]
+                    for (ids, cache), r in zip(steps, rows, strict=True)]
+        flat = [int(t) for ids, _ in steps for t in ids]
+        seq = [b for b, (ids, _) in enumerate(steps) for _ in ids]
+        pos = [len(cache) + i for ids, cache in steps for i in range(len(ids))]
+        x = self.embed[torch.tensor(flat, dtype=torch.long)]  # [T, H]
+        x = self.decoder.run_seqs(x, [cache for _, cache in steps], seq, pos)  # [T, H]
+        ends = torch.tensor([len(ids) for ids, _ in steps]).cumsum(0).tolist()
+        picked = [i for end, r in zip(ends, rows, strict=True) for i in range(end - r, end)]
+        logits = self.lm_head(x[picked]) if picked else x[:0, :0]  # [sum(rows), V]
+        return list(logits.split(rows))
 
     @torch.inference_mode()
     def batch_step(self, ids: Sequence[int], caches: Sequence[KVCache]

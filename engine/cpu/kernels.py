@@ -9,16 +9,18 @@ integer form) with them rounded per 256 inputs, as llama.cpp. Each output row is
 bit-identical whatever the number of rows or layers in the call (see the C++ file).
 When the kernels cannot run, the caller keeps torch's own kernels; nothing else changes.
 :func:`row_attention` computes attention for a few query rows over the KV cache, each row
-over its own causal prefix and independent of the others (what :mod:`engine.cpu.invariant`
-needs), without a Python call per row.
+over its own causal prefix and independent of the others, without a Python call per row.
 :func:`decoder_step` runs a whole Llama/Qwen2 step of new tokens (any number of causal
 rows, at most :data:`MAX_TREE` with a tree) through every layer (:class:`DecoderModel`)
-in one call. Both take an optional draft tree (:func:`tree_masks`): each row then attends
-to the cache before the step and to its own ancestors among the new rows only.
+in one call (:mod:`engine.cpu.forward` builds it). Both take an optional draft tree
+(:func:`tree_masks`): each row then attends to the cache before the step and to its own
+ancestors among the new rows only. :func:`decoder_step_seqs` runs rows of several
+sequences (batched decoding), each over its own sequence's cache, each row bit for bit
+what a one-row step of its sequence gives.
 
 Variants (:data:`VARIANTS`): the same source compiled for AVX2 (``avx2``), AVX-VNNI
 (``avxvnni``), AVX-512 F/BW/VL/VNNI (``avx512``) and AVX-512 with AMX-INT8 tiles
-(``amx``: q4k calls of 16 rows or more take their exact sums from tiles and return the
+(``amx``: q4k calls of 32 rows or more take their exact sums from tiles and return the
 ``avx512`` bits; the library asks the OS for tile data once when it loads, and is not
 used where that is refused). The run picks the best
 one this CPU has (``/proc/cpuinfo``) and the compiler can build (a variant it cannot
@@ -204,6 +206,9 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.anve_row_attention.restype = None
     lib.anve_decoder_step.argtypes = [ctypes.POINTER(DecoderModel), _P, _I, _I, _P, _P, _P]
     lib.anve_decoder_step.restype = None
+    lib.anve_decoder_step_seqs.argtypes = [ctypes.POINTER(DecoderModel), _P, _I, _P, _P, _P, _P,
+                                           _P, _P, _P]
+    lib.anve_decoder_step_seqs.restype = None
     lib.anve_qdot_variant.restype = ctypes.c_char_p
     lib.anve_qdot_max_rows.restype = _I
     lib.anve_qdot_ready.restype = _I
@@ -476,6 +481,28 @@ def decoder_step(model: DecoderModel, x: torch.Tensor, start: int, cos: torch.Te
     mask = _mask_pointer(tree, x.shape[1])
     _library_or_raise().anve_decoder_step(ctypes.byref(model), x.data_ptr(), x.shape[1], start,
                                           cos.data_ptr(), sin.data_ptr(), mask)
+
+
+def decoder_step_seqs(model: DecoderModel, x: torch.Tensor, seq: torch.Tensor,
+                      pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      keys: torch.Tensor, values: torch.Tensor, strides: torch.Tensor) -> None:
+    """Rows of several sequences through every layer, ``x [T, H]`` (float32, contiguous,
+    updated in place): row ``t`` of sequence ``seq[t]`` at its position ``pos[t]`` (int32
+    ``[T]`` each), with its rotary ``cos``, ``sin [T, Dh]``. ``keys``, ``values`` and
+    ``strides`` (int64 ``[S * layers]``, sequence-major) give each sequence's layers' cache
+    buffers ``[Hkv, capacity, Dh]`` (their addresses, with room for the new rows) and their
+    head strides. A sequence's rows sit at consecutive positions in order; each row gets
+    what a one-row :func:`decoder_step` of its sequence gives it."""
+    t = x.shape[0]
+    ints = (seq, pos)
+    if x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous() or any(
+            a.dtype != torch.int32 or a.shape != (t,) or not a.is_contiguous() for a in ints):
+        raise ValueError("x must be contiguous float32 [T, H], seq and pos int32 [T]")
+    if any(a.dtype != torch.int64 or a.shape != keys.shape for a in (values, strides)):
+        raise ValueError("keys, values and strides must be int64 of one shape")
+    _library_or_raise().anve_decoder_step_seqs(
+        ctypes.byref(model), x.data_ptr(), t, seq.data_ptr(), pos.data_ptr(), cos.data_ptr(),
+        sin.data_ptr(), keys.data_ptr(), values.data_ptr(), strides.data_ptr())
 
 
 def main() -> int:

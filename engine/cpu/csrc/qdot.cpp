@@ -56,6 +56,8 @@
 // row attention, o, residual, RMSNorm, gate/up, SiLU * up, down, residual), built from
 // the pieces above and row-wise elementwise code with no threads' say in any sum, so it
 // keeps their promise: row t of a T-row step is bit-identical to a one-row step.
+// anve_decoder_step_seqs does the same for rows of several sequences (batched decoding),
+// each row over its own sequence's cache: bit-identical to that sequence's one-row step.
 
 #include <immintrin.h>
 #include <math.h>
@@ -1513,7 +1515,8 @@ void anve_row_attention(const float *q, const float *k, const float *v, float *o
     }
 }
 
-// One decoder layer's weights and its KV cache (the C side of engine/lean.py's DecoderLayer).
+// One decoder layer's weights and its KV cache (the C side of engine/cpu/kernels.py's
+// DecoderLayer, filled by engine/cpu/forward.py).
 struct DecoderLayer {
     const float *norm1, *norm2;  // [hidden] RMSNorm weights
     Part qkv[3];                  // q [H * Dh], k, v [Hkv * Dh] (their y set per call)
@@ -1566,6 +1569,83 @@ void anve_decoder_step(const DecoderModel *m, float *x, int T, int start, const 
         }
         anve_row_attention(qr, L.kbuf, L.vbuf, att, m->heads, m->kv_heads, T, start + T, Dh,
                            L.head_stride, m->scaling, tree);
+        Part op = L.o;
+        op.y = o;
+        anve_linear_parts(att, T, hd, 1, &op);
+        add_into(x, o, (int64_t)T * m->hidden);
+        rms_norm(x, L.norm2, h, T, m->hidden, m->eps);
+        Part gu[2] = {L.gate_up[0], L.gate_up[1]};
+        gu[0].y = gate, gu[1].y = up;
+        anve_linear_parts(h, T, m->hidden, 2, gu);
+        silu_mul(gate, up, (int64_t)T * m->inter);
+        Part dp = L.down;
+        dp.y = o;
+        anve_linear_parts(gate, T, m->inter, 1, &dp);
+        add_into(x, o, (int64_t)T * m->hidden);
+    }
+    free(block);
+}
+
+// Rows of several sequences in one step (batched decoding): row t belongs to sequence
+// seq[t] and sits at position pos[t] of it; in every layer its key and value go to that
+// sequence's cache (kbufs / vbufs / strides [n_seq * n_layers], sequence-major) and it
+// attends to positions 0 .. pos[t] of that cache. A sequence's rows of one call sit at
+// consecutive positions in order (every row's key is written before any row attends).
+// The linear layers read their weights once for all rows. Each row goes through exactly
+// the operations a one-row anve_decoder_step of its sequence gives it (attend_row over
+// the same number of positions, the same per-row elementwise code), so the row promise
+// holds across sequences: a row's bits do not depend on which other rows came with it.
+void anve_decoder_step_seqs(const DecoderModel *m, float *x, int T, const int *seq,
+                            const int *pos, const float *cos, const float *sin,
+                            float *const *kbufs, float *const *vbufs, const int64_t *strides) {
+    const int hd = m->heads * m->head_dim, kvd = m->kv_heads * m->head_dim, Dh = m->head_dim;
+    const int64_t sizes[] = {m->hidden, hd, kvd, kvd, hd, hd, m->hidden, m->inter, m->inter};
+    int64_t total = 0;
+    for (int64_t n : sizes) total += n * T;
+    float *block = (float *)aligned_alloc(64, (size_t)((total * 4 + 63) / 64 * 64));
+    float *h = block, *q = h + (int64_t)T * m->hidden, *k = q + (int64_t)T * hd;
+    float *v = k + (int64_t)T * kvd, *qr = v + (int64_t)T * kvd, *att = qr + (int64_t)T * hd;
+    float *o = att + (int64_t)T * hd, *gate = o + (int64_t)T * m->hidden;
+    float *up = gate + (int64_t)T * m->inter;
+    const int group = m->heads / m->kv_heads;
+    for (int l = 0; l < m->n_layers; ++l) {
+        const DecoderLayer &L = m->layers[l];
+        rms_norm(x, L.norm1, h, T, m->hidden, m->eps);
+        Part qkv[3] = {L.qkv[0], L.qkv[1], L.qkv[2]};
+        qkv[0].y = q, qkv[1].y = k, qkv[2].y = v;
+        anve_linear_parts(h, T, m->hidden, 3, qkv);
+        for (int t = 0; t < T; ++t) {
+            const int64_t at_layer = (int64_t)seq[t] * m->n_layers + l;
+            float *kb = kbufs[at_layer], *vb = vbufs[at_layer];
+            const int64_t stride = strides[at_layer];
+            const float *c = cos + (int64_t)t * Dh, *s = sin + (int64_t)t * Dh;
+            for (int hh = 0; hh < m->heads; ++hh)  // q as [T, H, Dh] here
+                rotate(q + ((int64_t)t * m->heads + hh) * Dh, c, s, Dh,
+                       qr + ((int64_t)t * m->heads + hh) * Dh);
+            for (int kv = 0; kv < m->kv_heads; ++kv) {
+                const int64_t at = kv * stride + (int64_t)pos[t] * Dh;
+                const int64_t from = ((int64_t)t * m->kv_heads + kv) * Dh;
+                rotate(k + from, c, s, Dh, kb + at);
+                for (int i = 0; i < Dh; ++i) vb[at + i] = v[from + i];
+            }
+        }
+#pragma omp parallel
+        {
+            int longest = 0;
+            for (int t = 0; t < T; ++t) longest = pos[t] + 1 > longest ? pos[t] + 1 : longest;
+            float *scores = (float *)malloc(sizeof(float) * (size_t)longest);
+#pragma omp for schedule(static)
+            for (int task = 0; task < T * m->heads; ++task) {
+                const int t = task / m->heads, hh = task % m->heads, kv = hh / group;
+                const int64_t at_layer = (int64_t)seq[t] * m->n_layers + l;
+                const int64_t stride = strides[at_layer];
+                const Seen seen = {pos[t] + 1, nullptr, 0};
+                attend_row(qr + ((int64_t)t * m->heads + hh) * Dh, kbufs[at_layer] + kv * stride,
+                           vbufs[at_layer] + kv * stride, seen, Dh, m->scaling, scores,
+                           att + ((int64_t)t * m->heads + hh) * Dh);
+            }
+            free(scores);
+        }
         Part op = L.o;
         op.y = o;
         anve_linear_parts(att, T, hd, 1, &op);
