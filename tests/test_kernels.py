@@ -233,7 +233,7 @@ def test_q4k_kernel_matches_the_reference_and_holds_the_gguf_weight(
     layer = Q4KLinear.from_groups(g, torch.randn(n) if bias else None)
     exact = torch.from_numpy(quants.dequantize(data, QuantType.Q4_K))
     assert torch.equal(layer.dequantized(), exact)
-    x = torch.randn(40, k) * 3  # 16 rows on up: q4k's tiles in the amx variant
+    x = torch.randn(40, k) * 3  # 32 rows on up: q4k's tiles in the amx variant
     y = layer(x)
     assert close(y, q4k_reference(x, layer))
     for m in (*range(1, 12), 16, 17, 33):  # passes of 8 or 16 rows, tiles: the same rows
@@ -316,7 +316,7 @@ def test_layers_sharing_an_input_in_one_call_give_each_layer_its_own_output(vari
     q8 = Q8Linear.from_weight(torch.randn(33, k) * 0.05, torch.randn(33))
     layers = [q4k, q6k, q4, q8]  # both roundings of the input, odd tile counts
     run = NativeCall(layers)
-    for rows in (1, 3, 9, 17, 40):  # 17 and 40 rows: q4k on tiles in the amx variant
+    for rows in (1, 3, 9, 17, 40):  # 40 rows: q4k on tiles in the amx variant
         x = torch.randn(1, rows, k)
         for layer, y in zip(layers, run(x), strict=True):
             assert torch.equal(y, layer(x))
@@ -351,7 +351,7 @@ def test_every_form_gives_each_row_the_same_bits_from_1_to_64_rows(k: int, varia
                                                                    ) -> None:
     """A k-row call returns what k one-row calls of the same variant return, for every k
     from 1 to 64 and beyond (70 rows): one pass over the weights or balanced passes, and in
-    the amx variant q4k's tiles from 16 rows on (whole and partial sets of 16 rows, a
+    the amx variant q4k's tiles from 32 rows on (whole and partial sets of 16 rows, a
     last tile of fewer than 16 output features)."""
     torch.manual_seed(10)
     layers = [

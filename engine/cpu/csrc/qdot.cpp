@@ -9,12 +9,12 @@
 // registers), with activations stored in the orders its 64-byte loads want (group_low,
 // slot) and a float order of its own (the last bits differ from AVX2's). AMX (also
 // -mamx-tile -mamx-int8; the library asks the OS for tile data when it loads, and
-// anve_qdot_ready says whether it got it) is the AVX-512 build whose q4k calls of 16 rows
-// or more take their exact 32-group sums from AMX-INT8 tiles (all rows in one pass over
-// the weights) and then repeat the AVX-512 loop's float steps: it returns the avx512
-// build's bits, bit for bit. Attention and the elementwise pieces are the same 256-bit
-// code in every build. Every integer sum is exact in every variant, and each variant
-// keeps the promise below on its own.
+// anve_qdot_ready says whether it got it) is the AVX-512 build whose q4k calls of 32 rows
+// or more (prompt reading) take their exact 32-group sums from AMX-INT8 tiles (all rows
+// in one pass over the weights) and then repeat the AVX-512 loop's float steps: it
+// returns the avx512 build's bits, bit for bit. Attention and the elementwise pieces
+// are the same 256-bit code in every build. Every integer sum is exact in every variant,
+// and each variant keeps the promise below on its own.
 //
 // Contract: y[m, n] = sum_k x[m, k] * w[n, k] for M rows of float32 activations, where
 // the activations are first rounded per group of 32 to int8 codes with one float scale
@@ -109,7 +109,7 @@ constexpr int AMX_ROWS = 16;
 // Calls of at least this many rows take their q4k integer sums from tiles (fewer: the
 // AVX-512 loop, whose float steps the tile loop repeats exactly); measured best, as
 // is leaving q6k on the AVX-512 loop (see docs/kernels-amx.md).
-constexpr int AMX_FROM = 16;
+constexpr int AMX_FROM = 32;
 inline int amx_rows(int M) { return M < AMX_ROWS ? M : AMX_ROWS; }
 // Rows of the tiles' codes a call stores: whole sets of 16 (none below AMX_FROM rows).
 inline int amx_padded(int M) { return M < AMX_FROM ? 0 : (M + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS; }
@@ -869,21 +869,18 @@ inline void q6k_one_512(const QuantRows256 xq, int K, const Q6KWeights w, const 
 #endif
 
 #if ANVE_AMX
-// --- AMX-INT8 (the amx build): q4k and q6k on tiles, for every row count -------------
+// --- AMX-INT8 (the amx build): q4k calls of AMX_FROM rows or more on tiles -----------
 //
 // The tiles compute C[m][n] = sum_k A[m][k] * B[k][n] exactly in int32 for up to 16 rows
-// m of activations (A: int8, in input order, one tile per 32-group or 16-block) and 16
-// output features n (B: the weights' codes, 4 consecutive inputs of one feature per
-// dword, built per call by a 16 x 16 dword transpose of 16 features' codes). Every
-// group's (q4k) or block's (q6k) dot product comes out exact, and the float work that
-// follows runs on vectors over the 16 features, one row at a time, the same code
-// whatever the number of rows: per row and super-block,
-//   q4k: s = sum_g float(dot_g) * sc_g (g = 0..7 in order, fused multiply-adds),
-//        mins = sum_g csum_g * mn_g (exact), acc = fma(s, d * dx, acc), then
-//        acc = fnma(mins, dmin * dx, acc);
-//   q6k: s = sum_b float(dot_b) * sc_b (b = 0..15 in order), acc = fma(s, d * dx, acc);
-// y = acc + bias. So a k-row call returns bit for bit what k one-row calls return (the
-// integers are exact, the float order is fixed per row and feature).
+// m of activations (A: int8 in input order, one tile per 32-group, laid out by
+// tile_rows) and 16 output features n (B: the weights' 4-bit codes as bytes, 4
+// consecutive inputs of one feature per dword, built per call by a 16 x 16 dword
+// transpose of 16 features' packed codes). Every group's dot product comes out exact:
+// the very integers q4k_one_512 gets from vpdpbusd. The float steps that follow are
+// q4k_one_512's, lane by lane (lane l: group l % 8 of super-block 2 pair + l / 8) and in
+// the same order, only vectorised over the 16 features instead of the 16 lanes, and the
+// lanes are added in sum_lanes' tree: each output is q4k_one_512's, bit for bit, so the
+// variant keeps the row promise with tiles for many rows and vpdpbusd for few.
 
 bool amx_ready = false;  // the OS lets this process use tile data (asked once at load)
 
@@ -1049,14 +1046,17 @@ void q4k_amx(const QuantRows256 xq, int M, int K, const Q4KWeights w, const floa
             const float *f = fac + pair * 512;
             const int64_t at = (int64_t)m * G + pair * 16;
             const bool two = 2 * pair + 1 < S;
+            const __m512 dx0 = _mm512_set1_ps(xq.scale[(int64_t)m * S + 2 * pair]);  // = gscale's
+            const __m512 dx1 = two ? _mm512_set1_ps(xq.scale[(int64_t)m * S + 2 * pair + 1])
+                                   : _mm512_setzero_ps();
 #pragma GCC unroll 16
             for (int l = 0; l < 16; ++l) {  // (dot * sc * d) * dx - (mn * dmin) * (dx * bsum)
-                const float dx = l < 8 || two ? xq.gscale[at + l] : 0.0f;
+                const __m512 dx = l < 8 ? dx0 : dx1;
                 const float bs = l < 8 || two ? xq.bsum[at + l] : 0.0f;
                 const __m512 dots = _mm512_mul_ps(_mm512_cvtepi32_ps(
                     _mm512_load_si512(c + (2 * pair * 8 + l) * 256)), _mm512_load_ps(f + 16 * l));
                 acc[l] = _mm512_fnmadd_ps(_mm512_load_ps(f + 256 + 16 * l), _mm512_set1_ps(bs),
-                                          _mm512_fmadd_ps(dots, _mm512_set1_ps(dx), acc[l]));
+                                          _mm512_fmadd_ps(dots, dx, acc[l]));
             }
         }
         __m512 t[8];
