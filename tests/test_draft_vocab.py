@@ -311,7 +311,8 @@ def test_greedy_draft_model_over_a_ranking_without_the_likely_tokens_equals_plai
     accepted = 0
     for prompt, answer in zip(PROMPTS, plains, strict=True):
         drafter = DraftModelDrafter(loaded(same, tok), vocab, min_confidence=0.0,
-                                    draft_vocab=len(ranked), int4_vocab=False, window=None)
+                                    draft_vocab=len(ranked), int4_vocab=False, window=None,
+                                    ranked_vocab=True)
         proposed = spy(drafter)
         steps = list(decode(ModelRunner(target), prompt, params=GREEDY, max_new_tokens=20,
                             max_context=256, drafter=drafter, num_draft_tokens=3))
@@ -352,3 +353,21 @@ def test_sampling_over_a_ranking_keeps_the_target_distribution_outside_it(
     assert drafted > 0 and set(proposed) <= set(ranked)
     assert counts.reshape(vocab, vocab).sum(1)[first.argsort()[5:]].sum() > 0  # left-out ids
     assert matches(counts, exact)
+
+
+def test_the_frequency_tool_ranks_by_share_per_source_then_by_the_id_prior() -> None:
+    import numpy as np
+
+    from engine.heads.vocab import chains, permissive, rank
+
+    big = np.array([0, 0, 50, 50, 0, 0])  # a large source
+    small = np.array([0, 3, 0, 0, 0, 1])  # a small one weighs as much
+    assert rank([big, small]).tolist() == [1, 2, 3, 5]  # uncounted ids left out
+    assert rank([big, small], prior_weight=0.01, offset=1).tolist()[-2:] == [0, 4]
+    assert permissive("MIT") and permissive("BSD-3-Clause AND 0BSD")
+    assert not permissive("MPL-2.0 AND MIT") and not permissive("LGPL-3.0-only")
+    # two chains of 3: the first right twice then wrong; the second stops drafting after 1
+    hit = torch.tensor([[True, True], [True, False], [False, True]])
+    confident = torch.tensor([[True, False], [True, True], [True, True]])
+    right = torch.ones(3, 2, dtype=torch.bool)
+    assert chains(hit, confident, right, k=3) == (3.0, 4.0)  # accepted 2 + 1, drafted 3 + 1

@@ -60,14 +60,16 @@ class DraftModelDrafter(Drafter):
     def __init__(
         self, draft: LoadedModel, target_vocab_size: int, min_confidence: float = 0.8,
         draft_vocab: int | None = None, branches: int = 0, min_branch: float = 0.1,
-        int4_vocab: bool = True, window: int | None = DRAFT_WINDOW,
+        int4_vocab: bool = True, window: int | None = DRAFT_WINDOW, ranked_vocab: bool = False,
     ) -> None:
         if window is not None and window < 1:
             raise ValueError(f"the draft window must be at least 1 token, not {window}")
         self.loaded = draft
-        # decoding steps read the draft's lm_head only for frequent ids (int4) and end tokens
-        head = draft_head(draft.model.get_output_embeddings(), draft.eos_ids, draft.tokenizer,
-                          draft_vocab, int4_vocab)
+        # decoding steps read the draft's lm_head only for frequent ids (int4) and end tokens:
+        # ids below 65,536, or with ranked_vocab its tokenizer's ranking (docs/vocab.md: a
+        # cheaper step, but fewer summary and chat drafts accepted, so not by default)
+        head = draft_head(draft.model.get_output_embeddings(), draft.eos_ids,
+                          draft.tokenizer if ranked_vocab else None, draft_vocab, int4_vocab)
         self.runner = ModelRunner(draft.model, head)
         self.vocab_size = target_vocab_size
         self.min_confidence = min_confidence
