@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from engine.cpu.forward import TREE_ROWS, KVCache, forward_for
+from engine.cpu import TREE_ROWS, KVCache, forward_for
 
 PREFILL_CHUNK = 512  # tokens per read when filling the cache with a long prompt
 PARKED = 4  # other conversations' caches kept by resume

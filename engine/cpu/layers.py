@@ -39,13 +39,13 @@ whatever the number of rows (their kernels reduce each row on its own);
 """
 
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.cpu import kernels
+from engine.cpu import formats, kernels
 from engine.cpu.gguf import GROUP, GroupQuant, Q6Blocks
 
 SMALL_ROWS = 32  # up to this many rows FastLinear computes (W @ x.T).T
@@ -386,6 +386,41 @@ class Q8Linear(NativeLinear):
 BY_FORMAT: dict[str, type[QuantizedLinear]] = {
     cls.FORMAT: cls for cls in (Int4Linear, Int8Linear, Q4Linear, Q4KLinear, Q6KLinear, Q8Linear)
 }  # the quantized layer class of each format (engine.cpu.formats)
+
+
+def select_rows(layer: nn.Module, rows: slice | torch.Tensor) -> nn.Module | None:
+    """The output features ``rows`` of ``layer`` as a layer of the same kind, or None.
+
+    A slice shares the layer's memory; an index tensor copies those rows."""
+    if isinstance(layer, nn.Linear):
+        weight = layer.weight[rows].detach()  # [n, K]
+        out = nn.Linear(layer.in_features, int(weight.shape[0]), bias=layer.bias is not None,
+                        device="meta")
+        out.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
+        if layer.bias is not None:
+            out.bias = nn.Parameter(layer.bias[rows].detach(), requires_grad=False)
+        return out
+    if isinstance(layer, QuantizedLinear) and formats.format_of(layer).row_major:
+        buffers = [getattr(layer, name)[rows] for name in layer.BUFFERS]
+        bias = getattr(layer, "bias", None)
+        return cast(Any, type(layer))(*buffers, bias=None if bias is None else bias[rows])
+    return None
+
+
+def as_int4(layer: Any) -> Any:
+    """``layer`` re-rounded to 4 bits per 32 inputs on our kernels (:meth:`Q4Linear.from_dense`,
+    about two thirds of Q6_K's bytes), or ``layer`` itself where the kernels cannot run it
+    or its weight cannot be read. For drafting only: it changes which tokens are drafted,
+    never which are accepted."""
+    if isinstance(layer, Q4Linear) or not native_fits(int(layer.in_features)):
+        return layer
+    if isinstance(layer, nn.Linear) and layer.weight.dtype == torch.float32:
+        weight = layer.weight.detach()
+    elif isinstance(layer, (Q4KLinear, Q6KLinear)):
+        weight = layer.dequantized()  # [N, K]
+    else:
+        return layer
+    return Q4Linear.from_dense(weight, getattr(layer, "bias", None))
 
 
 def native_fits(in_features: int) -> bool:

@@ -58,6 +58,7 @@ from engine.cpu.layers import (
     Q6KLinear,
     Q8Linear,
     QuantizedLinear,
+    native_fits,
 )
 from engine.protocol import ACCELERATIONS
 
@@ -304,3 +305,13 @@ def accelerate(
     report.weight_bytes = model_bytes(model)
     log.info("accelerate %s", report.summary())
     return report
+
+
+def int8_layers(module: nn.Module) -> nn.Module:
+    """Run every ``nn.Linear`` inside ``module`` as per-channel int8 on our kernels
+    (:class:`Q8Linear`), in place, where the kernels can run it; returns ``module``."""
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear) and native_fits(child.in_features):
+                setattr(parent, name, Q8Linear.from_weight(child.weight.detach(), child.bias))
+    return module

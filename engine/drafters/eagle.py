@@ -30,10 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
-from engine.cpu.forward import Stack
-from engine.cpu.layers import Q8Linear, native_fits
+from engine.cpu import Stack, int8_layers
 from engine.drafters import EMPTY_DRAFT, Draft, Drafter
 from engine.drafters.tree import Level, branch, choose
 from engine.drafters.vocab import draft_head
@@ -146,10 +144,7 @@ class EagleDrafter(Drafter):
 
 def quantize_head(head: EagleHead) -> EagleHead:
     """Run the head's linear layers as per-channel int8 on our kernels (in place)."""
-    for module in list(head.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear) and native_fits(child.in_features):
-                setattr(module, name, Q8Linear.from_weight(child.weight.detach(), child.bias))
+    int8_layers(head)
     return head
 
 

@@ -32,40 +32,20 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
 
-from engine.cpu.layers import Int8Linear, Q4KLinear, Q4Linear, Q6KLinear, Q8Linear, native_fits
+from engine.cpu import as_int4, select_rows
 
 log = logging.getLogger(__name__)
 
 DRAFT_VOCAB = 65536  # kept ids under the low-id rule (no ranking for the tokenizer)
 RANKED_VOCAB = 32768  # kept ids from a ranking (docs/vocab.md: coverage and step costs)
-ROW_MAJOR = (Q4Linear, Q4KLinear, Q6KLinear, Q8Linear, Int8Linear)
 ASSETS = Path(__file__).resolve().parent.parent.parent / "assets" / "heads"
 SUFFIX = ".vocab.safetensors"
 FORMAT = "anve-draft-vocab-1"
-
-
-def select_rows(layer: nn.Module, rows: slice | torch.Tensor) -> nn.Module | None:
-    """The output features ``rows`` of ``layer`` as a layer of the same kind, or None.
-
-    A slice shares the layer's memory; an index tensor copies those rows."""
-    if isinstance(layer, nn.Linear):
-        weight = layer.weight[rows].detach()  # [n, K]
-        out = nn.Linear(layer.in_features, int(weight.shape[0]), bias=layer.bias is not None,
-                        device="meta")
-        out.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
-        if layer.bias is not None:
-            out.bias = nn.Parameter(layer.bias[rows].detach(), requires_grad=False)
-        return out
-    if isinstance(layer, ROW_MAJOR):
-        buffers = [getattr(layer, name)[rows] for name in layer.BUFFERS]
-        bias = getattr(layer, "bias", None)
-        return cast(Any, type(layer))(*buffers, bias=None if bias is None else bias[rows])
-    return None
 
 
 class ShortHead(nn.Module):
@@ -102,22 +82,6 @@ class ShortHead(nn.Module):
         if self.extra is not None:
             out[..., self.extra_ids] = self.extra(x)
         return out
-
-
-def as_int4(layer: Any) -> Any:
-    """``layer`` re-rounded to 4 bits per 32 inputs on our kernels (:meth:`Q4Linear.from_dense`,
-    about two thirds of Q6_K's bytes), or ``layer`` itself where the kernels cannot run it
-    or its weight cannot be read. For drafting only: it changes which tokens are drafted,
-    never which are accepted."""
-    if isinstance(layer, Q4Linear) or not native_fits(int(layer.in_features)):
-        return layer
-    if isinstance(layer, nn.Linear) and layer.weight.dtype == torch.float32:
-        weight = layer.weight.detach()
-    elif isinstance(layer, (Q4KLinear, Q6KLinear)):
-        weight = layer.dequantized()  # [N, K]
-    else:
-        return layer
-    return Q4Linear.from_dense(weight, getattr(layer, "bias", None))
 
 
 def short_head(lm_head: Any, extra_ids: Iterable[int], size: int = DRAFT_VOCAB,
