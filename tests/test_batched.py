@@ -36,11 +36,12 @@ def test_a_batched_step_gives_each_sequence_what_its_own_step_gives(
     together, alone = caches_after_prompts(fwd), caches_after_prompts(fwd)
     new = [[8], [30, 31, 32], [77, 1]]  # one decoding row, a verification of 3, one of 2
     rows = [1, 3, 1]
-    batched = fwd.step_many(list(zip(new, together, strict=True)), rows)
-    for ids, cache, r, got in zip(new, alone, rows, batched, strict=True):
+    batched = fwd.step_many(list(zip(new, together, strict=True)), rows, keep=True)
+    for ids, cache, r, (got, features) in zip(new, alone, rows, batched, strict=True):
         with torch.inference_mode():
-            want, _ = fwd.step(ids, cache, r, keep=False)
+            want, hidden = fwd.step(ids, cache, r, keep=True)
         assert got.shape == want.shape and torch.equal(got, want)
+        assert features is not None and hidden is not None and torch.equal(features, hidden)
     for a, b in zip(together, alone, strict=True):
         same_caches(a, b)
 
@@ -56,7 +57,7 @@ def test_batched_decoding_under_every_variant_matches_decoding_alone(
     tokens_alone = [[p[-1]] for p in PROMPTS]
     for _ in range(10):
         out = fwd.step_many([([t[-1]], c) for t, c in zip(tokens_together, together, strict=True)])
-        for t, logits in zip(tokens_together, out, strict=True):
+        for t, (logits, _) in zip(tokens_together, out, strict=True):
             t.append(int(logits[-1].argmax()))
         for t, cache in zip(tokens_alone, alone, strict=True):
             with torch.inference_mode():

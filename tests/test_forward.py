@@ -18,9 +18,8 @@ from engine.cpu.forward import (
     UnsupportedModelError,
     forward_for,
 )
-from engine.cpu.quantize import accelerate
 from engine.runner import ModelRunner
-from tests.test_fastlinear import NATIVE, accelerated, gguf_model
+from tests.test_fastlinear import NATIVE, accelerated
 from tests.tiny import tiny_model
 
 PROMPT = [3, 17, 42, 99, 7, 250, 11, 60]
@@ -267,25 +266,3 @@ def test_the_plan_names_the_back_end_formats_and_limits(tmp_path: Path) -> None:
         assert sum(plan.formats.values()) == 2 * 7 and plan.row_invariant
         assert set(plan.layers) == {"q", "k", "v", "o", "gate", "up", "down"}
         assert plan.why_reference is None and plan.to_dict()["tree_rows"] == TREE_ROWS
-
-
-def test_a_batch_step_matches_one_step_per_sequence_within_rounding(tmp_path: Path) -> None:
-    model, path = gguf_model(tmp_path, "qwen2")
-    accelerate(model, path, "int4+int8")
-    fwd = forward_for(model)
-    caches = [fwd.new_cache() for _ in range(3)]
-    alone = [fwd.new_cache() for _ in range(3)]
-    prompts = [PROMPT, PROMPT[:3], [8, 9, 10, 11, 12]]
-    with torch.inference_mode():
-        for prompt, a, b in zip(prompts, caches, alone, strict=True):
-            fwd.step(prompt, a, 0, keep=False)
-            fwd.step(prompt, b, 0, keep=False)
-        logits, hidden = fwd.batch_step([5, 6, 7], caches)
-        for row, (token, cache) in enumerate(zip([5, 6, 7], alone, strict=True)):
-            one, feature = fwd.step([token], cache, 1, keep=True)
-            assert feature is not None
-            close(logits[row : row + 1], one, 2e-2)
-            close(hidden[row : row + 1], feature, 2e-2)
-    assert [len(c) for c in caches] == [len(p) + 1 for p in prompts]
-    with pytest.raises(ValueError, match="one token per cache"):
-        fwd.batch_step([1, 2], caches)

@@ -423,30 +423,6 @@ class _Decoder:
             rows.append(out.reshape(1, -1))  # [1, H * Dh]
         return torch.cat(rows)
 
-    def batch(self, x: torch.Tensor, caches: Sequence[KVCache]) -> torch.Tensor:
-        """One new row per sequence, ``x [B, H]``, each after its own cache: the linear
-        layers run once over all rows, attention per sequence (reference operations)."""
-        b, dh = x.shape[0], self.head_dim
-        positions = torch.tensor([len(cache) for cache in caches])
-        cos, sin = self.rotary(positions)
-        c, s = cos[:, None], sin[:, None]  # [B, 1, Dh]
-        for index, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.norm1.weight, self.eps)
-            q = layer.q(h).view(b, self.heads, dh)
-            k = layer.k(h).view(b, self.kv_heads, dh)
-            v = layer.v(h).view(b, self.kv_heads, dh)
-            q, k = q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s
-            outs = []
-            for row, cache in enumerate(caches):
-                kv = cache.layers[index]
-                before = kv.length
-                kv.write(k[row][:, None].to(self.dtype), v[row][:, None].to(self.dtype))
-                outs.append(self._attend(q[row : row + 1], kv.keys, kv.values, before, None))
-            x = x + layer.o(torch.cat(outs))
-            h = rms_norm(x, layer.norm2.weight, self.eps)
-            x = x + layer.down(F.silu(layer.gate(h)) * layer.up(h))
-        return rms_norm(x, self.norm.weight, self.eps)
-
 
 def _tree(parents: Sequence[int] | None, t: int) -> tuple[torch.Tensor | None, list[int]]:
     """Tree masks and each row's depth (its position after the cache)."""
@@ -510,13 +486,16 @@ class Forward:
 
     @torch.inference_mode()
     def step_many(self, steps: Sequence[tuple[Sequence[int], KVCache]],
-                  rows: Sequence[int] | None = None) -> list[torch.Tensor]:
+                  rows: Sequence[int] | None = None, keep: bool = False
+                  ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """New ids of several sequences in one pass (batched decoding): ``steps[b]`` is
         ``(ids, cache)``, the ids appended to that sequence's own cache; returns for each
-        the logits of its last ``rows[b]`` new positions (default 1) ``[rows_b, V]``. The
-        native back end runs every row in one call, reading the weights once for all, and
-        gives each row bit for bit what stepping its sequence alone gives (the row promise
-        across sequences); the reference steps each sequence on its own."""
+        what :meth:`step` returns: the logits of its last ``rows[b]`` new positions
+        (default 1) ``[rows_b, V]`` and, with ``keep``, its final normed hidden states
+        ``[T_b, H]``. The native back end runs every row in one call, reading the weights
+        once for all, and gives each row bit for bit what stepping its sequence alone
+        gives (the row promise across sequences); the reference steps each sequence on
+        its own."""
         rows = [1] * len(steps) if rows is None else list(rows)
         if not steps or len(rows) != len(steps):
             raise ValueError(f"{len(steps)} sequences and {len(rows)} row counts")
@@ -525,7 +504,7 @@ class Forward:
         if any(not ids or not 0 <= r <= len(ids) for (ids, _), r in zip(steps, rows, strict=True)):
             raise ValueError("every sequence needs at least one id and at most that many rows")
         if self.decoder.native is None:
-            return [self.step(ids, cache, r, keep=False)[0]
+            return [self.step(ids, cache, r, keep)
                     for (ids, cache), r in zip(steps, rows, strict=True)]
         flat = [int(t) for ids, _ in steps for t in ids]
         seq = [b for b, (ids, _) in enumerate(steps) for _ in ids]
@@ -535,22 +514,8 @@ class Forward:
         ends = torch.tensor([len(ids) for ids, _ in steps]).cumsum(0).tolist()
         picked = [i for end, r in zip(ends, rows, strict=True) for i in range(end - r, end)]
         logits = self.lm_head(x[picked]) if picked else x[:0, :0]  # [sum(rows), V]
-        return list(logits.split(rows))
-
-    @torch.inference_mode()
-    def batch_step(self, ids: Sequence[int], caches: Sequence[KVCache]
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One new token ``ids[b]`` for each of several sequences, each after its own
-        ``caches[b]``: the linear layers and the output layer read their weights once for
-        all rows. Returns logits ``[B, V]`` and final normed hidden states ``[B, H]``,
-        computed with the reference operations (equal to :meth:`step`'s within float32
-        rounding)."""
-        if not ids or len(ids) != len(caches):
-            raise ValueError(f"a batch step takes one token per cache: {len(ids)} ids, "
-                             f"{len(caches)} caches")
-        x = self.embed[torch.tensor(list(ids), dtype=torch.long)]  # [B, H]
-        x = self.decoder.batch(x, caches)
-        return self.lm_head(x), x
+        hidden = x.split([len(ids) for ids, _ in steps]) if keep else [None] * len(steps)
+        return list(zip(logits.split(rows), hidden, strict=True))
 
 
 class Stack:

@@ -230,9 +230,9 @@ def answer_batch(runners: Sequence[ModelRunner], prompts: Sequence[list[int]], m
 
     Each prompt is filled by its own runner (one per prompt, all on the same model), then
     every answer still going gets its next token from one
-    :meth:`~engine.cpu.forward.Forward.batch_step` over all of them: the weights are read once
-    per step for the whole batch. The numbers agree with :func:`answer`'s within float32
-    rounding, so an answer can differ from it only where two tokens all but tie.
+    :meth:`~engine.cpu.forward.Forward.step_many` over all of them: the weights are read once
+    per step for the whole batch, and each answer's numbers are bit for bit :func:`answer`'s
+    where the forward runs natively (elsewhere each answer is stepped on its own).
     """
     if not runners or len(runners) < len(prompts):
         raise ValueError("batched answers need one runner per prompt")
@@ -254,13 +254,13 @@ def answer_batch(runners: Sequence[ModelRunner], prompts: Sequence[list[int]], m
         active = [a for a in active if token_goes_on(a.answer, eos_ids, max_tokens)]
         if not active:
             break
-        logits, hidden = model_forward.batch_step([a.ids[-1] for a in active],
-                                                  [a.cache for a in active])  # [B, V], [B, H]
-        top_ids, top_probs = _top(logits, top_k)
-        for b, a in enumerate(active):
-            a.top_ids.append(top_ids[b : b + 1])
-            a.top_probs.append(top_probs[b : b + 1])
-            a.hidden.append(hidden[b : b + 1])
+        outs = model_forward.step_many([([a.ids[-1]], a.cache) for a in active], keep=True)
+        for a, (logits, hidden) in zip(active, outs, strict=True):  # [1, V], [1, H]
+            top_ids, top_probs = _top(logits, top_k)
+            a.top_ids.append(top_ids)
+            a.top_probs.append(top_probs)
+            assert hidden is not None
+            a.hidden.append(hidden)
     return [a.record() for a in going]
 
 
