@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from engine.drafters import Drafter
 from engine.policy import DraftPolicy, expected_tokens, on_line, ratio_between
 
 log = logging.getLogger(__name__)
@@ -209,13 +210,13 @@ def _median(values: Sequence[float]) -> float:
     return ordered[len(ordered) // 2]
 
 
-def measure(target: Any, drafters: Mapping[str, Any], key: str, budget_s: float = 4.0,
+def measure(target: Any, drafters: Mapping[str, Drafter], key: str, budget_s: float = 4.0,
             clock: Callable[[], float] = time.perf_counter, max_rounds: int = 5,
             ) -> Generator[None, None, Calibration]:
     """Measure the target's t(k), k = 1..16, and each drafter's step and prompt reading
     costs, one short slice per ``next()`` (see the module). ``target``: a loaded model
     (``LoadedModel.model``); ``drafters``: name -> drafter (``engine.drafters``). The
-    drafters' state is reset afterwards where they can be."""
+    drafters' state is reset afterwards."""
     import torch
 
     from engine.runner import ModelRunner
@@ -249,7 +250,7 @@ def measure(target: Any, drafters: Mapping[str, Any], key: str, budget_s: float 
     read: dict[str, float] = {}
     params, generator = SamplingParams(), torch.Generator().manual_seed(0)
     features = None
-    if any(getattr(d, "wants_hidden", False) for d in drafters.values()):
+    if any(d.wants_hidden for d in drafters.values()):
         seeing = ModelRunner(target)
         seeing.keep_hidden(True)
         seeing.sync(context[:-1])
@@ -257,12 +258,11 @@ def measure(target: Any, drafters: Mapping[str, Any], key: str, budget_s: float 
         yield
     for name, drafter in drafters.items():
         try:
-            if getattr(drafter, "wants_hidden", False):
+            if drafter.wants_hidden:
                 drafter.observe_hidden(features)
-            prefill = getattr(drafter, "prefill", None)
-            if prefill is not None:
+            if drafter.reads_prompt:
                 began = clock()
-                prefill(context)
+                drafter.prefill(context)
                 read[name] = (clock() - began) / (len(context) - 1) / t1
                 yield
             per_step = []
@@ -275,9 +275,7 @@ def measure(target: Any, drafters: Mapping[str, Any], key: str, budget_s: float 
         except Exception:  # one drafter failing leaves the others' figures
             log.exception("measuring the %s drafter failed", name)
         with contextlib.suppress(Exception):
-            reset = getattr(drafter, "reset", None)
-            if reset is not None:
-                reset()
+            drafter.reset()
     return Calibration(key, t1, ratios, step, read, time.time(), "measured")
 
 

