@@ -4,8 +4,8 @@ Contract: :func:`convert_streaming` writes into a folder what transformers' own 
 loading followed by ``save_pretrained`` writes (``config.json``,
 ``generation_config.json``, the tokenizer files, ``model.safetensors`` with the same
 tensors, bit for bit; tested on the light model) while holding one dequantized tensor at
-a time: transformers' way holds every dense tensor and the model at once (8.7 GiB peak
-for Qwen2.5-Coder 1.5B). What the names, the config and the order of Llama's q/k rows
+a time: transformers' way holds every dense tensor and the model at once (peaks in
+docs/measurements.md). What the names, the config and the order of Llama's q/k rows
 mean comes from transformers' own GGUF tables (``load_gguf_checkpoint`` for the
 metadata, ``TENSOR_PROCESSORS``, ``get_gguf_hf_weights_map`` on a model built on the
 meta device) and the numbers from gguf-py's ``dequantize``, as there. Architectures

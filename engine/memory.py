@@ -3,12 +3,9 @@
 Contract: :func:`check_memory` raises :class:`InsufficientMemoryError` (saying how much
 is needed, how much is free and what to do) when an estimate does not fit in the memory
 available now; nothing is allocated before it passes. The estimates come from file sizes
-and tensor shapes alone, and were measured here as the peak RSS of a fresh process
-(2026-12-01): converting Qwen2.5-Coder 1.5B's Q4_K_M GGUF tensor by tensor 3.3 GiB (the
-file, mapped, plus its largest tensor dense: the 0.9 GiB embedding), SmolLM2 135M's
-0.6 GiB; through transformers (other architectures) 8.7 GiB and 1.1 GiB (6.6 and 0.5
-GiB of float32 weights); loading the Qwen pair onto the int4 kernels from their built
-caches 2.6 GiB (the estimate: 4.1 GiB).
+and tensor shapes alone, checked against the peak RSS of fresh processes (the figures:
+docs/measurements.md): converting tensor by tensor holds the mapped file plus its largest
+tensor dense; transformers' conversion (other architectures) holds every dense weight.
 """
 
 from pathlib import Path
@@ -19,7 +16,7 @@ import psutil
 from engine.errors import InsufficientMemoryError
 
 HEADROOM = 1.15  # activations, KV cache and allocator slack on top of the weights
-RUNTIME_BYTES = 1 << 30  # Python, torch, transformers, the tokenizers (~0.5 GiB measured)
+RUNTIME_BYTES = 1 << 30  # Python, torch, transformers, the tokenizers, with room to spare
 CONVERSION_FACTOR = 1.1  # transformers' conversion holds all dense weights, copies of some
 STREAM_FACTOR = 2  # the tensor by tensor one: the largest tensor dense and a temporary
 

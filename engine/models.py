@@ -116,8 +116,8 @@ def load_bytes(prepared: store.PreparedModel, dtype: str, accel: str, draft: boo
     sizes alone (:func:`engine.memory.check_memory` adds the runtime and headroom).
 
     Dense modes hold every weight in ``dtype``. On the int4 modes a model whose kernels'
-    cache is built holds that cache plus its dense embedding table (the Qwen pair: 2.6 GiB
-    at peak, against 9.7 GB of dense float32 weights); the first load builds the cache and
+    cache is built holds that cache plus its dense embedding table (a fraction of the dense
+    float32 weights; measured peaks in docs/measurements.md); the first load builds the cache and
     may read every dense weight on the way, so it counts as dense.
     """
     torch_dtype = _DTYPES[dtype]

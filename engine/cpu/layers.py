@@ -4,8 +4,9 @@ Contract of the layers (each replaces one ``nn.Linear``; input ``[..., K]``, out
 ``[..., N]`` in the input's dtype):
 
 * :class:`FastLinear` keeps the same float weight and computes ``x @ W.T + b``. For
-  a few rows (2..``SMALL_ROWS``) it uses ``(W @ x.T).T``, which on this CPU costs
-  about as much as one row where ``F.linear`` costs 2-9x. Outputs equal ``F.linear``
+  a few rows (2..``SMALL_ROWS``) it uses ``(W @ x.T).T``, which costs about as much as
+  one row where ``F.linear``'s kernel choice costs several times that (timings:
+  docs/measurements.md). Outputs equal ``F.linear``
   within float32 rounding (a different summation order, not bit-identical).
 * :class:`Int4Linear` runs torch's CPU kernel ``_weight_int4pack_mm_for_cpu`` on the
   GGUF's own 4-bit codes (:mod:`engine.cpu.gguf`), group 32, dequantizing as
@@ -22,8 +23,8 @@ Contract of the layers (each replaces one ``nn.Linear``; input ``[..., K]``, out
   (measured on Qwen Q6_K: 1 % RMS, 0.15-0.2 of a Q6_K step).
 
 * :class:`Q4Linear` and :class:`Q8Linear` are the same two weight forms run by our own
-  kernels (:mod:`engine.cpu.kernels`, where they can run: AVX2 and a compiler), 2-3x
-  faster on this CPU at 1-8 rows. Q4: the GGUF's codes with scale and offset rounded to
+  kernels (:mod:`engine.cpu.kernels`, where they can run: AVX2 and a compiler), faster
+  than torch's at 1-16 rows. Q4: the GGUF's codes with scale and offset rounded to
   float16 (11-bit mantissa, vs bfloat16's 8 above); Q8: the int8 codes above with a
   float32 scale. Both round the activations to int8 per group of 32 inputs (one float
   scale each, as llama.cpp rounds activations for its quantized dot products): about

@@ -8,9 +8,8 @@ honoured where ``/sys/kernel/mm/transparent_hugepage/enabled`` says ``always`` o
 ``madvise``). The values are copied unchanged and the layers keep working as before; only
 where the buffers live changes. A decoding step reads every weight once, about 1 GB for
 the appliance target: with 4 KiB pages that is a page-table walk every 4 KiB of each of a
-layer's several arrays, and the CPU's prefetchers stop at every page boundary (measured
-on the Qwen target's linear layers, A/B in one process: 4-5 % faster at 1 and 4 rows).
-Returns the bytes moved; 0 (and nothing changes) where the platform has no
+layer's several arrays, and the CPU's prefetchers stop at every page boundary (the A/B:
+docs/measurements.md). Returns the bytes moved; 0 (and nothing changes) where the platform has no
 ``MADV_HUGEPAGE`` or private anonymous maps.
 """
 

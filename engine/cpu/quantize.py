@@ -12,18 +12,18 @@ to the mode, and the same converted model then serves plain decoding and verific
                 (the GGUF's own codes, scale/zero rounded to bfloat16), the rest
                 (Q6_K, Q8_0, F16, ...) as :class:`FastLinear` on the dense weights
 ``"int4+int8"`` as ``"int4"`` but the rest as :class:`Int8Linear` (per-channel int8
-                re-quantization: ~1 % RMS weight error, 0.15-0.2 of a Q6_K step);
-                fastest, and with row attention the forward is row-invariant
+                re-quantization: ~1 % RMS weight error); every layer then has a
+                row-independent format, so the forward is row-invariant
 ==============  ==============================================================
 
 Where our kernels run (:mod:`engine.cpu.kernels`: AVX2 and a compiler), the int4 modes use
 :class:`Q4Linear` (:class:`Q4KLinear` for Q4_K tensors: their exact integer form) and
 :class:`Q8Linear` in place of :class:`Int4Linear` and :class:`Int8Linear`, and Q6_K
-tensors run exactly as :class:`Q6KLinear`: integer-dot kernels, 2-3x faster here,
+tensors run exactly as :class:`Q6KLinear`: integer-dot kernels, faster than torch's,
 equally row-invariant. With
 ``requantize`` (draft models only: a draft's numerics move its acceptance, never the
 output) the tensors with no int4 form are rounded to 4 bits too
-(:meth:`Q4Linear.from_dense`), so a draft reads ~40 % fewer bytes per step. Our kernels'
+(:meth:`Q4Linear.from_dense`), so a draft reads fewer bytes per step. Our kernels'
 weights are then moved into huge pages (:mod:`engine.cpu.pages`).
 
 Int4 layers are built only where the decoded GGUF rows equal the loaded weight

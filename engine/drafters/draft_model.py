@@ -5,25 +5,18 @@ cache to the context by its shared prefix (so rejected drafts are cropped away a
 accepted ones are reused), then samples up to ``k`` tokens one at a time with the same
 sampling processing as the target, returning their distributions ``q``. Drafting
 stops early after a token the draft itself gave less than ``min_confidence``
-(its probability), since the guesses after it would most likely be rejected: on this
-CPU a draft step costs about a third of a target step, and replaying the benchmark's
-greedy answers with the draft's own predictions put the best threshold near 0.8 (free
-chat: 0.93x plain at 0.3, 1.05x at 0.8; the others unchanged or better). Its
-decoding steps compute logits only for the frequent ids and the end tokens, the frequent
-rows re-rounded to 4 bits (:mod:`engine.drafters.vocab`; Qwen's 0.5B draft: 7 % faster
-drafting, the same drafts accepted): cheaper steps, the same lossless acceptance. With
+(its probability), since the guesses after it would most likely be rejected (the
+threshold's replay measurements: docs/measurements.md). Its decoding steps compute
+logits only for the frequent ids and the end tokens, the frequent rows re-rounded to 4
+bits (:mod:`engine.drafters.vocab`): cheaper steps, the same lossless acceptance. With
 ``branches`` the chain gets up to that many alternatives as leaves beside it
 (:mod:`engine.drafters.tree`), for runners that verify trees.
 
 The draft model reads only a window of the context: at most ``window`` tokens of a
-new prompt (its end), and what follows them from then on. A prompt costs the 0.5B draft
-model about 40 % of what it costs the 1.5B target on this CPU (both compute-bound, ~9
-and ~21 ms a token), more than its drafts win back on a long prompt: summarising a
-1,117-token document took 36.0 s with the whole prompt read, 30.4 s with the last 256
-tokens, 31.9 s plain (128 tokens, two runs each). Shorter windows lost more acceptance
-than they saved (all 16 benchmark prompts: 2.09 tokens per pass unwindowed, 1.92 at 128,
-1.44 at 64). What the draft does not read only makes its guesses worse; the target checks
-every one as before. Like the target's, its runner keeps the caches of a few other
+new prompt (its end), and what follows them from then on, because reading a long prompt
+costs the draft model more than its drafts win back (the window's measurements:
+docs/measurements.md). What the draft does not read only makes its guesses worse; the
+target checks every one as before. Like the target's, its runner keeps the caches of a few other
 conversations (:meth:`engine.runner.ModelRunner.swap_in`), each with its window's start.
 """
 

@@ -6,11 +6,11 @@ least ``min_lookup`` tokens, they are the pass's draft (``q`` one-hot, as for ev
 lookup). Otherwise the draft model drafts (with its ``q``). Each pass's draft comes
 whole from one drafter, so the acceptance rule keeps the target's distribution.
 
-Why: on this CPU a lookup costs nothing while a draft-model token costs about a third
-of a target step; quoted text (summaries, edited code) is found by the lookup, and the
-draft model covers the rest. The drafters are looked up by name in the engine's table
-at every pass, so a table entry swapped for another (the benchmark gives each row its
-own suffix corpus) is the one used.
+Why: a lookup costs next to nothing while a draft-model token costs a sizeable share of
+a target step (the calibration measures it); quoted text (summaries, edited code) is
+found by the lookup, and the draft model covers the rest. The drafters are looked up
+by name in the engine's table at every pass, so a table entry swapped for another (the
+benchmark gives each row its own suffix corpus) is the one used.
 """
 
 from collections.abc import Mapping, Sequence

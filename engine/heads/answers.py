@@ -9,8 +9,8 @@ target's) and records, for every position of prompt + answer, the target's final
 hidden state and its top-``k`` next-token probabilities: the same labels
 :func:`engine.heads.train.extract` computes, taken from the run itself, so no second
 target pass is needed. :func:`answer_batch` answers several prompts together, one
-batch step per token for all of them (same answers within float32 rounding, about twice
-the answers per hour on this CPU). The command appends records to ``--out`` (a
+batched step per token for all of them (the weights read once for all; the same answers,
+bit for bit, where the forward runs natively). The command appends records to ``--out`` (a
 ``torch.save`` file, rewritten atomically every few answers, resumed by a rerun; with
 ``--skip N`` it starts at prompt ``N``) and the conversations as JSON lines to ``--out`` +
 ``.jsonl``; ``train --answers FILE`` trains on them.
