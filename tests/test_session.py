@@ -385,15 +385,17 @@ def test_cold_runs_start_from_equal_cache_states_and_leave_no_trace(engine: Chat
 def test_a_cold_speculative_run_does_not_draft_from_the_plain_runs_answer() -> None:
     target = tiny_loaded("tiny-target", seed=1, scale=4.0)
     question = [{"role": "user", "content": "The quick brown fox, please explain"}]
-    # what the suffix lookup drafts after a warm plain run: it learnt the answer
+    # what the suffix lookup drafts after a warm plain run: it learnt the answer (a fixed
+    # draft length throughout: the adaptive one follows measured times, not the text)
     learnt = ChatEngine(target)
     _, plain = answer(learnt, question, method="off", max_tokens=24)
-    _, warm = answer(learnt, question, method="suffix", max_tokens=24)
+    _, warm = answer(learnt, question, method="suffix", max_tokens=24, num_draft_tokens=4)
     # and after a cold one: it drafts as if the plain run had not happened
     fresh, demo = ChatEngine(target), ChatEngine(target)
-    _, unseen = answer(fresh, question, method="suffix", max_tokens=24)
+    _, unseen = answer(fresh, question, method="suffix", max_tokens=24, num_draft_tokens=4)
     _, cold_plain = answer(demo, question, method="off", max_tokens=24, cache="cold")
-    _, cold = answer(demo, question, method="suffix", max_tokens=24, cache="cold")
+    _, cold = answer(demo, question, method="suffix", max_tokens=24, num_draft_tokens=4,
+                     cache="cold")
     assert warm.token_ids == plain.token_ids == cold_plain.token_ids == cold.token_ids \
         == unseen.token_ids
     assert warm.stats.accepted > unseen.stats.accepted  # learning the answer would show
