@@ -1533,6 +1533,52 @@ struct DecoderModel {
     DecoderLayer *layers;
 };
 
+// The scratch rows of one step, and the two halves of a layer around its attention:
+// anve_decoder_step and anve_decoder_step_seqs run the very same code through them.
+struct StepRows {
+    float *block, *h, *q, *k, *v, *qr, *att, *o, *gate, *up;
+    StepRows(const DecoderModel *m, int T) {
+        const int64_t hd = m->heads * m->head_dim, kvd = m->kv_heads * m->head_dim;
+        const int64_t sizes[] = {m->hidden, hd, kvd, kvd, hd, hd, m->hidden, m->inter, m->inter};
+        int64_t total = 0;
+        for (int64_t n : sizes) total += n * T;
+        block = (float *)aligned_alloc(64, (size_t)((total * 4 + 63) / 64 * 64));
+        h = block, q = h + (int64_t)T * m->hidden, k = q + (int64_t)T * hd;
+        v = k + (int64_t)T * kvd, qr = v + (int64_t)T * kvd, att = qr + (int64_t)T * hd;
+        o = att + (int64_t)T * hd, gate = o + (int64_t)T * m->hidden;
+        up = gate + (int64_t)T * m->inter;
+    }
+    ~StepRows() { free(block); }
+};
+
+// RMSNorm of rows x[T], then q, k, v into s.q, s.k, s.v in one call.
+static void layer_qkv(const DecoderModel *m, const DecoderLayer &L, const float *x, int T,
+                      StepRows &s) {
+    rms_norm(x, L.norm1, s.h, T, m->hidden, m->eps);
+    Part qkv[3] = {L.qkv[0], L.qkv[1], L.qkv[2]};
+    qkv[0].y = s.q, qkv[1].y = s.k, qkv[2].y = s.v;
+    anve_linear_parts(s.h, T, m->hidden, 3, qkv);
+}
+
+// After the attention (its output in s.att): o, the residual, RMSNorm, gate/up, SiLU * up,
+// down and the residual, into x[T] in place.
+static void layer_rest(const DecoderModel *m, const DecoderLayer &L, float *x, int T,
+                       StepRows &s) {
+    Part op = L.o;
+    op.y = s.o;
+    anve_linear_parts(s.att, T, m->heads * m->head_dim, 1, &op);
+    add_into(x, s.o, (int64_t)T * m->hidden);
+    rms_norm(x, L.norm2, s.h, T, m->hidden, m->eps);
+    Part gu[2] = {L.gate_up[0], L.gate_up[1]};
+    gu[0].y = s.gate, gu[1].y = s.up;
+    anve_linear_parts(s.h, T, m->hidden, 2, gu);
+    silu_mul(s.gate, s.up, (int64_t)T * m->inter);
+    Part dp = L.down;
+    dp.y = s.o;
+    anve_linear_parts(s.gate, T, m->inter, 1, &dp);
+    add_into(x, s.o, (int64_t)T * m->hidden);
+}
+
 // x[T, hidden] (in place) through every layer for new positions start .. start + T - 1,
 // their rotary cos, sin [T, Dh] given (a tree row's at its depth); each layer's cache must
 // hold room for start + T positions and gets the new keys and values written there (row
@@ -1540,50 +1586,27 @@ struct DecoderModel {
 // multiples of 256 (q4k/q6k) or 32 (q4/q8) as their parts need, Dh a multiple of 8.
 void anve_decoder_step(const DecoderModel *m, float *x, int T, int start, const float *cos,
                        const float *sin, const uint32_t *tree) {
-    const int hd = m->heads * m->head_dim, kvd = m->kv_heads * m->head_dim, Dh = m->head_dim;
-    const int64_t sizes[] = {m->hidden, hd, kvd, kvd, hd, hd, m->hidden, m->inter, m->inter};
-    int64_t total = 0;
-    for (int64_t n : sizes) total += n * T;
-    float *block = (float *)aligned_alloc(64, (size_t)((total * 4 + 63) / 64 * 64));
-    float *h = block, *q = h + (int64_t)T * m->hidden, *k = q + (int64_t)T * hd;
-    float *v = k + (int64_t)T * kvd, *qr = v + (int64_t)T * kvd, *att = qr + (int64_t)T * hd;
-    float *o = att + (int64_t)T * hd, *gate = o + (int64_t)T * m->hidden;
-    float *up = gate + (int64_t)T * m->inter;
+    const int Dh = m->head_dim;
+    StepRows s(m, T);
     for (int l = 0; l < m->n_layers; ++l) {
         const DecoderLayer &L = m->layers[l];
-        rms_norm(x, L.norm1, h, T, m->hidden, m->eps);
-        Part qkv[3] = {L.qkv[0], L.qkv[1], L.qkv[2]};
-        qkv[0].y = q, qkv[1].y = k, qkv[2].y = v;
-        anve_linear_parts(h, T, m->hidden, 3, qkv);
+        layer_qkv(m, L, x, T, s);
         for (int t = 0; t < T; ++t) {
-            const float *c = cos + (int64_t)t * Dh, *s = sin + (int64_t)t * Dh;
+            const float *c = cos + (int64_t)t * Dh, *sn = sin + (int64_t)t * Dh;
             for (int hh = 0; hh < m->heads; ++hh)  // q as [H, T, Dh] for the attention
-                rotate(q + ((int64_t)t * m->heads + hh) * Dh, c, s, Dh,
-                       qr + ((int64_t)hh * T + t) * Dh);
+                rotate(s.q + ((int64_t)t * m->heads + hh) * Dh, c, sn, Dh,
+                       s.qr + ((int64_t)hh * T + t) * Dh);
             for (int kv = 0; kv < m->kv_heads; ++kv) {
                 const int64_t at = kv * L.head_stride + (int64_t)(start + t) * Dh;
                 const int64_t from = ((int64_t)t * m->kv_heads + kv) * Dh;
-                rotate(k + from, c, s, Dh, L.kbuf + at);
-                for (int i = 0; i < Dh; ++i) L.vbuf[at + i] = v[from + i];
+                rotate(s.k + from, c, sn, Dh, L.kbuf + at);
+                for (int i = 0; i < Dh; ++i) L.vbuf[at + i] = s.v[from + i];
             }
         }
-        anve_row_attention(qr, L.kbuf, L.vbuf, att, m->heads, m->kv_heads, T, start + T, Dh,
+        anve_row_attention(s.qr, L.kbuf, L.vbuf, s.att, m->heads, m->kv_heads, T, start + T, Dh,
                            L.head_stride, m->scaling, tree);
-        Part op = L.o;
-        op.y = o;
-        anve_linear_parts(att, T, hd, 1, &op);
-        add_into(x, o, (int64_t)T * m->hidden);
-        rms_norm(x, L.norm2, h, T, m->hidden, m->eps);
-        Part gu[2] = {L.gate_up[0], L.gate_up[1]};
-        gu[0].y = gate, gu[1].y = up;
-        anve_linear_parts(h, T, m->hidden, 2, gu);
-        silu_mul(gate, up, (int64_t)T * m->inter);
-        Part dp = L.down;
-        dp.y = o;
-        anve_linear_parts(gate, T, m->inter, 1, &dp);
-        add_into(x, o, (int64_t)T * m->hidden);
+        layer_rest(m, L, x, T, s);
     }
-    free(block);
 }
 
 // Rows of several sequences in one step (batched decoding): row t belongs to sequence
@@ -1598,41 +1621,29 @@ void anve_decoder_step(const DecoderModel *m, float *x, int T, int start, const 
 void anve_decoder_step_seqs(const DecoderModel *m, float *x, int T, const int *seq,
                             const int *pos, const float *cos, const float *sin,
                             float *const *kbufs, float *const *vbufs, const int64_t *strides) {
-    const int hd = m->heads * m->head_dim, kvd = m->kv_heads * m->head_dim, Dh = m->head_dim;
-    const int64_t sizes[] = {m->hidden, hd, kvd, kvd, hd, hd, m->hidden, m->inter, m->inter};
-    int64_t total = 0;
-    for (int64_t n : sizes) total += n * T;
-    float *block = (float *)aligned_alloc(64, (size_t)((total * 4 + 63) / 64 * 64));
-    float *h = block, *q = h + (int64_t)T * m->hidden, *k = q + (int64_t)T * hd;
-    float *v = k + (int64_t)T * kvd, *qr = v + (int64_t)T * kvd, *att = qr + (int64_t)T * hd;
-    float *o = att + (int64_t)T * hd, *gate = o + (int64_t)T * m->hidden;
-    float *up = gate + (int64_t)T * m->inter;
-    const int group = m->heads / m->kv_heads;
+    const int Dh = m->head_dim, group = m->heads / m->kv_heads;
+    StepRows s(m, T);
+    int longest = 0;
+    for (int t = 0; t < T; ++t) longest = pos[t] + 1 > longest ? pos[t] + 1 : longest;
     for (int l = 0; l < m->n_layers; ++l) {
         const DecoderLayer &L = m->layers[l];
-        rms_norm(x, L.norm1, h, T, m->hidden, m->eps);
-        Part qkv[3] = {L.qkv[0], L.qkv[1], L.qkv[2]};
-        qkv[0].y = q, qkv[1].y = k, qkv[2].y = v;
-        anve_linear_parts(h, T, m->hidden, 3, qkv);
+        layer_qkv(m, L, x, T, s);
         for (int t = 0; t < T; ++t) {
             const int64_t at_layer = (int64_t)seq[t] * m->n_layers + l;
             float *kb = kbufs[at_layer], *vb = vbufs[at_layer];
-            const int64_t stride = strides[at_layer];
-            const float *c = cos + (int64_t)t * Dh, *s = sin + (int64_t)t * Dh;
+            const float *c = cos + (int64_t)t * Dh, *sn = sin + (int64_t)t * Dh;
             for (int hh = 0; hh < m->heads; ++hh)  // q as [T, H, Dh] here
-                rotate(q + ((int64_t)t * m->heads + hh) * Dh, c, s, Dh,
-                       qr + ((int64_t)t * m->heads + hh) * Dh);
+                rotate(s.q + ((int64_t)t * m->heads + hh) * Dh, c, sn, Dh,
+                       s.qr + ((int64_t)t * m->heads + hh) * Dh);
             for (int kv = 0; kv < m->kv_heads; ++kv) {
-                const int64_t at = kv * stride + (int64_t)pos[t] * Dh;
+                const int64_t at = kv * strides[at_layer] + (int64_t)pos[t] * Dh;
                 const int64_t from = ((int64_t)t * m->kv_heads + kv) * Dh;
-                rotate(k + from, c, s, Dh, kb + at);
-                for (int i = 0; i < Dh; ++i) vb[at + i] = v[from + i];
+                rotate(s.k + from, c, sn, Dh, kb + at);
+                for (int i = 0; i < Dh; ++i) vb[at + i] = s.v[from + i];
             }
         }
 #pragma omp parallel
         {
-            int longest = 0;
-            for (int t = 0; t < T; ++t) longest = pos[t] + 1 > longest ? pos[t] + 1 : longest;
             float *scores = (float *)malloc(sizeof(float) * (size_t)longest);
 #pragma omp for schedule(static)
             for (int task = 0; task < T * m->heads; ++task) {
@@ -1640,27 +1651,14 @@ void anve_decoder_step_seqs(const DecoderModel *m, float *x, int T, const int *s
                 const int64_t at_layer = (int64_t)seq[t] * m->n_layers + l;
                 const int64_t stride = strides[at_layer];
                 const Seen seen = {pos[t] + 1, nullptr, 0};
-                attend_row(qr + ((int64_t)t * m->heads + hh) * Dh, kbufs[at_layer] + kv * stride,
-                           vbufs[at_layer] + kv * stride, seen, Dh, m->scaling, scores,
-                           att + ((int64_t)t * m->heads + hh) * Dh);
+                attend_row(s.qr + ((int64_t)t * m->heads + hh) * Dh,
+                           kbufs[at_layer] + kv * stride, vbufs[at_layer] + kv * stride, seen,
+                           Dh, m->scaling, scores, s.att + ((int64_t)t * m->heads + hh) * Dh);
             }
             free(scores);
         }
-        Part op = L.o;
-        op.y = o;
-        anve_linear_parts(att, T, hd, 1, &op);
-        add_into(x, o, (int64_t)T * m->hidden);
-        rms_norm(x, L.norm2, h, T, m->hidden, m->eps);
-        Part gu[2] = {L.gate_up[0], L.gate_up[1]};
-        gu[0].y = gate, gu[1].y = up;
-        anve_linear_parts(h, T, m->hidden, 2, gu);
-        silu_mul(gate, up, (int64_t)T * m->inter);
-        Part dp = L.down;
-        dp.y = o;
-        anve_linear_parts(gate, T, m->inter, 1, &dp);
-        add_into(x, o, (int64_t)T * m->hidden);
+        layer_rest(m, L, x, T, s);
     }
-    free(block);
 }
 
 }  // extern "C"
