@@ -31,6 +31,12 @@ kernel's GMAC/s on a 1536x8960 matrix at 1, 2, 4, 8 and 16 rows
 reading ms/token (:func:`variant_costs`). ``python -m engine.bench --kernels-only``
 runs that A/B alone.
 
+``--observations-out FILE`` writes what the answers showed per method and kind (from an
+empty start) in the format ``assets/calibration/`` ships: a fresh engine starts its
+``auto`` choice from it (:func:`engine.calibration.shipped_observations`). The ``auto``
+row then starts from it too, so on the benchmark's own prompts it is measured in-sample;
+the held-out check through the API is the fair one.
+
 Rows run interleaved: prompt by prompt, every row in an order that rotates by one per
 prompt, so a slow spell of the (shared, noisy) machine falls on all rows alike. Each
 row keeps its own adaptive policies and suffix corpus from prompt to prompt.
@@ -61,7 +67,7 @@ from typing import Any
 import psutil
 import torch
 
-from engine.calibration import classify
+from engine.calibration import PRIOR_FORMAT, Observations, classify
 from engine.cpu import kernels
 from engine.cpu.layers import Q4KLinear
 from engine.cpu.quantize import model_bytes
@@ -656,6 +662,20 @@ def machine() -> str:
     return f"{cpu}, {torch.get_num_threads()} threads, {gib:.0f} GiB, torch {torch.__version__}"
 
 
+def write_observations(path: Path, engine: ChatEngine, models: list[str | None],
+                       specs: list[RowSpec], prompts: int) -> None:
+    """What the run's answers showed per method and kind (:mod:`engine.calibration`'s
+    observations), in the file format :func:`engine.calibration.shipped_observations` reads."""
+    data = {"format": PRIOR_FORMAT, "models": models,
+            "observations": engine.observations.to_json(),
+            "source": {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(),
+                       "rows": [name for name, _ in specs], "prompts": prompts,
+                       "command": "python -m engine.bench " + " ".join(sys.argv[1:])}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    log.info("wrote the observations to %s", path)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -677,6 +697,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--kernels-only", action="store_true",
                         help="only the kernel variants' A/B (q4k GMAC/s, t(k), prompt reading)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--observations-out", type=Path, default=None,
+                        help="also write what the rows' answers showed per method and kind "
+                             "(from an empty start), as assets/calibration/ ships it")
     parser.add_argument("--data-dir", default=None)
     return parser.parse_args(argv)
 
@@ -727,7 +750,11 @@ def main(argv: list[str] | None = None) -> int:
             pass
     costs = verification_costs(engine)
     bandwidth = copy_bandwidth()
+    if args.observations_out is not None:
+        engine.observations = Observations()  # only this run's answers
     rows = run_rows(engine, specs, prompts)
+    if args.observations_out is not None:
+        write_observations(args.observations_out, engine, [target, draft], specs, len(prompts))
     summary = summarise(rows, KINDS)
     weights = weight_bytes_per_token(engine.target.model)
     plain_tps = next(r["tokens_per_s"] for r in summary if r["kind"] == "overall")

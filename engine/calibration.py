@@ -59,6 +59,10 @@ OBSERVED_DECAY = 0.98  # per answer, for the acceptance evidence of a method and
 OTHER_KINDS = 0.25  # weight of a method's evidence on other kinds of prompt
 KINDS = ("code", "editing", "summary", "chat")
 VERSION = 1
+PRIORS = Path(__file__).resolve().parent.parent / "assets" / "calibration"
+PRIOR_SUFFIX = ".observations.json"
+PRIOR_FORMAT = "anve-observations-1"
+PRIOR_ANSWERS = 4.0  # answers' worth a shipped observation counts as, per method and kind
 
 _CODE = re.compile(r"```|^\s*(def |class |import |from \S+ import |#include|function |public |"
                    r"fn |SELECT |<\w+[ >])", re.MULTILINE)
@@ -348,6 +352,16 @@ class Observations:
         return (sum(v.prompt for v in found) / answers,
                 max(1.0, sum(v.answer for v in found) / answers))
 
+    def scaled(self, answers: float) -> "Observations":
+        """A copy in which no method and kind, and no kind's lengths, count as more than
+        ``answers`` answers (each scaled down as a whole)."""
+        seen = {m: {k: s.decayed(min(1.0, answers / s.answers)) if s.answers > 0 else s
+                    for k, s in kinds.items()} for m, kinds in self.seen.items()}
+        lengths = {k: Lengths(*(min(1.0, answers / v.answers) * x
+                                for x in (v.prompt, v.answer, v.answers)))
+                   if v.answers > 0 else v for k, v in self.lengths.items()}
+        return Observations(seen, lengths)
+
     def to_json(self) -> dict[str, Any]:
         return {"seen": {m: {k: asdict(s) for k, s in kinds.items()}
                          for m, kinds in self.seen.items()},
@@ -359,6 +373,32 @@ class Observations:
                 for m, kinds in dict(data.get("seen", {})).items()}
         lengths = {str(k): Lengths(**v) for k, v in dict(data.get("lengths", {})).items()}
         return cls(seen, lengths)
+
+
+def shipped_observations(models: Sequence[str | None], folder: Path | None = None
+                         ) -> Observations:
+    """What the benchmark saw these models do, per method and kind of prompt, as a start
+    for a fresh engine (``models``: the target's and the draft's names, ``None`` for no
+    draft). Read from the first ``*.observations.json`` in ``folder`` (default
+    ``assets/calibration/``, written by ``python -m engine.bench --observations-out``)
+    made for the same models, scaled to at most :data:`PRIOR_ANSWERS` answers per method
+    and kind, so live answers soon outweigh it. Acceptance depends on the models and the
+    text, not on the machine; the machine's costs still come from its own calibration.
+    Empty where no file matches; an unreadable one is logged and skipped."""
+    folder = PRIORS if folder is None else folder
+    wanted = list(models)
+    for path in sorted(folder.glob("*" + PRIOR_SUFFIX)):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if data.get("format") != PRIOR_FORMAT or list(data.get("models", [])) != wanted:
+                continue
+            observations = Observations.from_json(data["observations"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("ignoring the shipped observations %s: %s", path, exc)
+            continue
+        log.info("starting from the observations in %s", path)
+        return observations.scaled(PRIOR_ANSWERS)
+    return Observations()
 
 
 # --- predicting and choosing ------------------------------------------------------------

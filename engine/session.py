@@ -59,7 +59,6 @@ from engine.calibration import (
     Calibration,
     CalibrationCache,
     Choice,
-    Observations,
     Seen,
     cache_key,
     choose,
@@ -68,6 +67,7 @@ from engine.calibration import (
     measure,
     model_identity,
     predict,
+    shipped_observations,
 )
 from engine.decoding import StatsRecorder, Step, decode
 from engine.detokenize import IncrementalDetokenizer
@@ -271,7 +271,9 @@ class ChatEngine:
             self.drafters["eagle"] = eagle
         self.policies: dict[str, DraftPolicy] = {}
         self.calibration: Calibration | None = None
-        self.observations = Observations()
+        # what the benchmark saw these models do, until this engine's answers show more
+        self.observations = shipped_observations(
+            [target.name, None if draft is None else draft.name])
         self.calibration_key = cache_key(machine_identity(self.runner.model_forward.plan.variant),
                                          model_identity([target, draft]))
         self._cache: CalibrationCache | None = None

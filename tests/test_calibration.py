@@ -9,6 +9,9 @@ import pytest
 from engine.calibration import (
     KINDS,
     MAX_K,
+    PRIOR_ANSWERS,
+    PRIOR_FORMAT,
+    PRIOR_SUFFIX,
     Calibration,
     CalibrationCache,
     Observations,
@@ -18,6 +21,7 @@ from engine.calibration import (
     classify,
     measure,
     predict,
+    shipped_observations,
 )
 from engine.drafters.ngram import NgramDrafter
 from engine.drafters.suffix import SuffixDrafter
@@ -184,3 +188,30 @@ def test_an_engine_calibrates_once_then_reads_its_cache(tmp_path: Path) -> None:
     assert list(again.calibrate(path)) == []  # read from the cache: no measuring
     assert again.calibration is not None and again.calibration.source == "cache"
     assert again.observations.seen  # the answer above was remembered
+
+
+def test_shipped_observations_start_a_fresh_engine_where_the_models_match(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What the benchmark saw the same models do, scaled to a few answers, steers the
+    first choices: a lookup that found nothing on code no longer looks like free drafts."""
+    shown = Observations()
+    for _ in range(20):
+        shown.record("suffix", "code", seen(1, 10, asked=100, found=5), 80, 128)
+        shown.record("draft", "code", seen(200, 40), 80, 128)
+    data = {"format": PRIOR_FORMAT, "models": ["target", "draft"],
+            "observations": shown.to_json()}
+    (tmp_path / f"pair{PRIOR_SUFFIX}").write_text(json.dumps(data))
+    (tmp_path / f"broken{PRIOR_SUFFIX}").write_text("{")
+    (tmp_path / f"other{PRIOR_SUFFIX}").write_text(json.dumps({**data, "models": ["x", None]}))
+    start = shipped_observations(["target", "draft"], tmp_path)
+    code = start.seen["suffix"]["code"]
+    assert code.answers == pytest.approx(PRIOR_ANSWERS)  # 20 answers' worth scaled down
+    assert code.found / code.asked == pytest.approx(0.05)  # the shares stay as measured
+    assert start.lengths["code"].answers == pytest.approx(PRIOR_ANSWERS)
+    assert "broken" in caplog.text  # an unreadable file is skipped, named in the log
+    assert shipped_observations(["target", None], tmp_path).seen == {}
+    cal = calibration({"suffix": 0.001, "draft": 0.25}, {"draft": 0.02})
+    fresh = choose(predict(cal, Observations(), ["suffix", "draft"], "code", 8), "code")
+    primed = choose(predict(cal, start, ["suffix", "draft"], "code", 8), "code")
+    assert (fresh.method, primed.method) == ("suffix", "draft")
