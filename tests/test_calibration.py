@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from engine import bench
 from engine.calibration import (
     KINDS,
     MAX_K,
@@ -29,8 +30,7 @@ from engine.session import ChatEngine
 from tests.tiny import tiny_loaded, tiny_model
 
 BENCH = Path(__file__).resolve().parent.parent / "assets" / "bench" / "prompts.json"
-BENCH_KINDS = {"code completion": "code", "code editing": "editing", "summary": "summary",
-               "free chat": "chat"}
+BENCH_KINDS = bench.QUESTION_KINDS
 # t(k)/t(1) as measured on the Zen 5 machine (machines-measured.md), interpolated
 ZEN5 = {2: 1.08, 3: 1.43, 4: 1.67, 5: 2.06, 8: 3.21}
 
