@@ -36,7 +36,7 @@ float32 rounding (norm sums, ``exp``).
 """
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from itertools import pairwise
 from typing import Any
 
@@ -173,9 +173,9 @@ class _Layer:
 class ForwardPlan:
     """How a model's forward runs, decided once when it is built (see the module).
 
-    ``formats`` counts the linear layers by weight format (:mod:`engine.cpu.formats`),
-    the output layer included; ``layers`` names each decoder layer's formats by role
-    (q, k, v, o, gate, up, down) where they differ from the first layer's.
+    ``formats`` counts the decoder layers' linear layers by weight format
+    (:mod:`engine.cpu.formats`); ``layers`` counts them per role (q, k, v, o, gate, up,
+    down) and format; ``output`` is the output layer's format.
     """
 
     backend: str  # "native" or "reference"
@@ -190,7 +190,6 @@ class ForwardPlan:
     read_rows: int = READ_ROWS
     row_invariant: bool = False  # every linear layer row-independent
     why_reference: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -441,8 +440,7 @@ class Forward:
         name = type(model).__name__
         if name not in SUPPORTED:
             raise UnsupportedModelError(f"ANVE computes Llama and Qwen2 models "
-                                   f"({', '.join(sorted(SUPPORTED))}), not {name}")
-        self.config = model.config
+                                        f"({', '.join(sorted(SUPPORTED))}), not {name}")
         self.embed = model.model.embed_tokens.weight.detach()  # [V, H]
         self.lm_head = model.lm_head if lm_head is None else lm_head
         self.dtype = self.embed.dtype
