@@ -30,7 +30,6 @@ import torch
 
 from engine.cpu import TREE_ROWS, KVCache, forward_for
 
-PREFILL_CHUNK = 512  # tokens per read when filling the cache with a long prompt
 PARKED = 4  # other conversations' caches kept by resume
 PARKED_TOKENS = 16384  # positions they may hold together (Qwen 1.5B: 56 KiB each)
 
@@ -192,11 +191,9 @@ class ModelRunner:
         """Make the cache hold exactly ``ids``, reusing the shared prefix.
 
         Returns the logits ``[V]`` after the last id when anything had to be fed,
-        else ``None``. Long tails are fed in chunks to bound attention memory.
+        else ``None`` (the forward reads a long tail in bounded steps itself).
         """
         self.truncate(self.common_prefix(ids))
-        logits = None
-        while len(self.ids) < len(ids):
-            chunk = ids[len(self.ids) : len(self.ids) + PREFILL_CHUNK]
-            logits = self.forward(chunk, rows=1)[-1]
-        return logits
+        if len(self.ids) == len(ids):
+            return None
+        return self.forward(ids[len(self.ids) :], rows=1)[-1]
