@@ -7,8 +7,11 @@ so answers keep their speed. At most one run at a time (:class:`LearningBusyErro
 otherwise). :attr:`HeadLearning.status` says what it is doing (``idle``, ``running``
 with the child's latest progress line, ``installed``, ``kept``, ``stopped`` or
 ``failed`` with the reason). When a better head was installed, ``on_installed`` runs
-so the engine swaps it in for the next answer. :meth:`stop` ends the run explicitly;
-the temporary file is deleted whatever happens. Nothing leaves this machine.
+so the engine swaps it in for the next answer; the status says ``installed`` only once
+the event it returns is set (the engine drafts with the new head and offers it), so a
+client that reads ``installed`` and then the methods finds the new head's. :meth:`stop`
+ends the run explicitly; the temporary file is deleted whatever happens. Nothing leaves
+this machine.
 """
 
 import asyncio
@@ -19,6 +22,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -113,7 +117,7 @@ class HeadLearning:
     """The admin's "learn from this office" action for one worker's target."""
 
     def __init__(self, target: str, data_dir: str | None,
-                 on_installed: Callable[[], None]) -> None:
+                 on_installed: Callable[[], threading.Event | None]) -> None:
         self.target, self.data_dir, self.on_installed = target, data_dir, on_installed
         self.status = LearningStatus("idle")
         self._process: asyncio.subprocess.Process | None = None
@@ -156,7 +160,7 @@ class HeadLearning:
                 if isinstance(exc, asyncio.CancelledError):
                     raise
                 return
-            self._conclude(code, last, report)
+            await self._conclude(code, last, report)
 
     async def _child(self, argv: list[str]) -> tuple[int, str]:
         """Run the training; keep its latest progress line in the status."""
@@ -179,11 +183,15 @@ class HeadLearning:
                     self.status = replace(self.status, message=last[:300])
         return await self._process.wait(), last
 
-    def _conclude(self, code: int, last: str, report: Path) -> None:
+    async def _conclude(self, code: int, last: str, report: Path) -> None:
         outcome = json.loads(report.read_text()) if report.is_file() else None
         if outcome is not None and outcome["installed"]:  # even if a stop came too late
+            self.status = replace(self.status, message="the new head is saved; the engine "
+                                  "takes it up between two answers")
+            swapped = self.on_installed()
+            if swapped is not None:
+                await asyncio.to_thread(swapped.wait)
             self._finish("installed", "the new head drafts from the next answer on", outcome)
-            self.on_installed()
         elif self._stopping:
             self._finish("stopped", "stopped by the admin; the current head stays")
         elif outcome is None:

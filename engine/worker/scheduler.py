@@ -17,7 +17,8 @@ Contract:
   a running one is cancelled through its ``threading.Event``, which the decoding loop
   checks before every target pass and between chunks of a long prompt.
 * :meth:`Scheduler.reload_head` asks the thread to swap in a newly installed draft head
-  between two answers (at once when idle), then to publish the methods it now offers.
+  between two answers (at once when idle), then to publish the methods it now offers;
+  the event it returns is set once that is done (or failed, logged; or the worker stops).
 * Once loaded, an engine that offers ``calibrate`` (:meth:`ChatEngine.calibrate`) is
   calibrated in the background: one short slice at a time, only while no answer waits
   or runs, so calibration never slows an answer by more than one slice.
@@ -163,6 +164,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._queue: deque[Job] = deque()
         self._chores: deque[Callable[[Engine], None]] = deque()
+        self._swaps: list[threading.Event] = []  # reload_head's, until their chore ran
         self._running: Job | None = None
         self._stopping = False
         self._thread = threading.Thread(target=self._main, name="anve-engine", daemon=True)
@@ -218,11 +220,24 @@ class Scheduler:
                 job.ahead = i + running
                 job.emit(Queued(job.ahead))
 
-    def reload_head(self) -> None:
-        """Swap in the target's installed draft head before the next answer."""
+    def reload_head(self) -> threading.Event:
+        """Swap in the target's installed draft head before the next answer; the event is
+        set once the engine drafts with it and its methods are published."""
+        swapped = threading.Event()
+
+        def chore(engine: Engine) -> None:
+            try:
+                self._swap_head(engine)
+            finally:
+                with self._cond:
+                    self._swaps.remove(swapped)
+                swapped.set()
+
         with self._cond:
-            self._chores.append(self._swap_head)
+            self._swaps.append(swapped)
+            self._chores.append(chore)
             self._cond.notify()
+        return swapped
 
     def abandon(self, job: Job) -> None:
         """The client is gone or done: drop the job if waiting, cancel it if running."""
@@ -238,6 +253,8 @@ class Scheduler:
             for job in [*self._queue, *([self._running] if self._running else [])]:
                 job.cancel.set()
             self._queue.clear()
+            for swapped in self._swaps:  # their chores will not run: nobody waits forever
+                swapped.set()
             self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout)
