@@ -1,7 +1,8 @@
-"""Where ANVE keeps its data: history, converted models, trained heads.
+"""Where ANVE keeps its data (history, converted models, trained heads) and its assets.
 
 The data directory is the platform's user data dir (``platformdirs``) unless the
-``ANVE_DATA_DIR`` environment variable or an explicit argument overrides it.
+``ANVE_DATA_DIR`` environment variable or an explicit argument overrides it. The shipped
+``assets/`` folder lies next to the ``engine`` package, in a checkout and in the wheel.
 """
 
 import os
@@ -10,6 +11,7 @@ from pathlib import Path
 import platformdirs
 
 APP_NAME = "anve"
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
 
 def data_dir(override: str | os.PathLike[str] | None = None) -> Path:

@@ -25,7 +25,7 @@ def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def light_engine():  # type: ignore[no-untyped-def]
     """ChatEngine on smollm2-135m-instruct (converted once into the data dir)."""
     from engine.errors import ModelNotInstalledError
-    from engine.session import ChatEngine
+    from engine.spec.session import ChatEngine
 
     try:
         return ChatEngine.load(LIGHT)

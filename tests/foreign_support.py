@@ -307,7 +307,7 @@ def free_port() -> int:
 
 def light_gguf() -> Path:
     """The light model's GGUF (SmolLM2 135M Q4_1), verified by size and SHA-256."""
-    from engine.registry import check_file, get_spec, locate_part
+    from engine.models.registry import check_file, get_spec, locate_part
 
     spec = get_spec("smollm2-135m-instruct")
     path = locate_part(spec.parts[0], spec)

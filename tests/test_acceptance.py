@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.acceptance import (
+from engine.spec.acceptance import (
     greedy_accept,
     inverse_cdf,
     speculative_accept,

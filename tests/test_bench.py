@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from engine import bench
-from engine.bench import KINDS, PROMPTS, Row, Run
 from engine.cpu import kernels
 from engine.cpu.layers import Int8Linear
 from engine.cpu.quantize import accelerate, model_bytes
-from engine.session import ChatEngine
+from engine.spec.session import ChatEngine
+from engine.tools import bench
+from engine.tools.bench import KINDS, PROMPTS, Row, Run
 from tests.tiny import tiny_loaded
 
 

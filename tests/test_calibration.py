@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import bench
-from engine.calibration import (
+from engine.spec.calibration import (
     KINDS,
     MAX_K,
     PRIOR_ANSWERS,
@@ -24,9 +23,10 @@ from engine.calibration import (
     predict,
     shipped_observations,
 )
-from engine.drafters.ngram import NgramDrafter
-from engine.drafters.suffix import SuffixDrafter
-from engine.session import ChatEngine
+from engine.spec.drafters.ngram import NgramDrafter
+from engine.spec.drafters.suffix import SuffixDrafter
+from engine.spec.session import ChatEngine
+from engine.tools import bench
 from tests.tiny import tiny_loaded, tiny_model
 
 BENCH = Path(__file__).resolve().parent.parent / "assets" / "bench" / "prompts.json"

@@ -2,8 +2,8 @@
 
 import io
 
-from engine.chat import parse_args, repl
-from engine.session import ChatEngine
+from engine.spec.session import ChatEngine
+from engine.tools.chat import parse_args, repl
 from tests.tiny import tiny_loaded
 
 

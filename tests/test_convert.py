@@ -1,7 +1,7 @@
 """Converting a GGUF tensor by tensor gives exactly what transformers' own conversion gives.
 
-The light model's GGUF (SmolLM2 135M, Llama) goes both ways: through ``engine.store``'s
-conversion, which streams it (``engine.convert``), and through transformers, which holds
+The light model's GGUF (SmolLM2 135M, Llama) goes both ways: through ``engine.models.cache``'s
+conversion, which streams it (``engine.models.convert``), and through transformers, which holds
 every dense tensor at once. Every file and every tensor must be the same.
 """
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from engine import store
-from engine.convert import safetensors_header, streams
+from engine.models import cache
+from engine.models.convert import safetensors_header, streams
 from tests.foreign_support import light_gguf
 
 
@@ -23,11 +23,11 @@ def test_the_light_model_converts_tensor_by_tensor_exactly_as_transformers_does(
     gguf = light_gguf()
     assert streams(gguf)
     reference = tmp_path / "transformers"
-    store.convert_with_transformers(gguf, reference, lambda fraction, message: None)
-    monkeypatch.setattr(store, "convert_with_transformers", pytest.fail)
+    cache.convert_with_transformers(gguf, reference, lambda fraction, message: None)
+    monkeypatch.setattr(cache, "convert_with_transformers", pytest.fail)
     seen: list[float] = []
     ours = tmp_path / "cache"
-    store.convert(gguf, ours, "0" * 64, lambda fraction, message: seen.append(fraction))
+    cache.convert(gguf, ours, "0" * 64, lambda fraction, message: seen.append(fraction))
     assert seen == sorted(seen) and seen[0] > 0 and seen[-1] < 1
     names = {p.name for p in reference.iterdir()}
     assert {p.name for p in ours.iterdir()} == names | {"manifest.json"}

@@ -6,15 +6,15 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from engine.decoding import decode, prefill_drafter
-from engine.drafters import Draft, Drafter
-from engine.drafters.draft_model import DraftModelDrafter
-from engine.drafters.hybrid import HybridDrafter
-from engine.drafters.ngram import NgramDrafter
-from engine.drafters.suffix import SuffixDrafter
-from engine.models import LoadedModel
-from engine.runner import ModelRunner
-from engine.sampling import SamplingParams
+from engine.models.loading import LoadedModel
+from engine.spec.decoding import decode, prefill_drafter
+from engine.spec.drafters import Draft, Drafter
+from engine.spec.drafters.draft_model import DraftModelDrafter
+from engine.spec.drafters.hybrid import HybridDrafter
+from engine.spec.drafters.ngram import NgramDrafter
+from engine.spec.drafters.suffix import SuffixDrafter
+from engine.spec.runner import ModelRunner
+from engine.spec.sampling import SamplingParams
 from tests.stats import matches
 from tests.tiny import tiny_model
 

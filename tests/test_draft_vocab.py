@@ -13,11 +13,12 @@ from torch import nn
 from engine.cpu import kernels
 from engine.cpu.gguf import decode_int4, decode_q6_k
 from engine.cpu.layers import Int8Linear, Q4KLinear, Q4Linear, Q6KLinear, Q8Linear
-from engine.decoding import decode
-from engine.drafters import vocab as vocab_mod
-from engine.drafters.draft_model import DraftModelDrafter
-from engine.drafters.eagle import EagleDrafter
-from engine.drafters.vocab import (
+from engine.models.loading import LoadedModel
+from engine.spec.decoding import decode
+from engine.spec.drafters import vocab as vocab_mod
+from engine.spec.drafters.draft_model import DraftModelDrafter
+from engine.spec.drafters.eagle import EagleDrafter
+from engine.spec.drafters.vocab import (
     Ranking,
     ShortHead,
     as_int4,
@@ -28,9 +29,8 @@ from engine.drafters.vocab import (
     short_head,
     tokenizer_hash,
 )
-from engine.models import LoadedModel
-from engine.runner import ModelRunner
-from engine.sampling import SamplingParams
+from engine.spec.runner import ModelRunner
+from engine.spec.sampling import SamplingParams
 from tests.stats import matches
 from tests.test_decoding import _exact_two_token_distribution
 from tests.test_eagle import random_head

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine.drafters import Draft, Drafter
-from engine.drafters.hybrid import HybridDrafter
-from engine.drafters.ngram import NgramDrafter, ngram_lookup
-from engine.drafters.suffix import SuffixDrafter, SuffixIndex, frequent_path, match_lengths
-from engine.sampling import SamplingParams
+from engine.spec.drafters import Draft, Drafter
+from engine.spec.drafters.hybrid import HybridDrafter
+from engine.spec.drafters.ngram import NgramDrafter, ngram_lookup
+from engine.spec.drafters.suffix import SuffixDrafter, SuffixIndex, frequent_path, match_lengths
+from engine.spec.sampling import SamplingParams
 
 GREEDY = SamplingParams()
 GEN = torch.Generator()

@@ -11,14 +11,14 @@ from transformers import DynamicCache
 from engine.cpu import kernels
 from engine.cpu.forward import Stack
 from engine.cpu.layers import Q4Linear
-from engine.decoding import decode, prefill_drafter
-from engine.drafters.eagle import EagleDrafter, quantize_head
 from engine.errors import HeadFileError, IncompatibleModelsError
 from engine.heads.files import HeadInfo, load_head, save_head
 from engine.heads.model import EagleHead, HeadConfig
-from engine.runner import ModelRunner
-from engine.sampling import SamplingParams
-from engine.session import ChatEngine
+from engine.spec.decoding import decode, prefill_drafter
+from engine.spec.drafters.eagle import EagleDrafter, quantize_head
+from engine.spec.runner import ModelRunner
+from engine.spec.sampling import SamplingParams
+from engine.spec.session import ChatEngine
 from tests.stats import matches
 from tests.test_decoding import _exact_two_token_distribution, prompts, run
 from tests.tiny import tiny_loaded, tiny_model

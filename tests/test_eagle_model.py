@@ -3,7 +3,7 @@
 import pytest
 
 from engine.heads.files import SHIPPED, head_file_name, read_info
-from engine.sampling import SamplingParams
+from engine.spec.sampling import SamplingParams
 from tests.conftest import LIGHT
 
 PROMPTS = [

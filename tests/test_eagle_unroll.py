@@ -11,7 +11,7 @@ from engine.cpu import Stack
 from engine.heads import answers, train
 from engine.heads.files import read_info
 from engine.heads.model import EagleHead, HeadConfig, draft_steps
-from engine.runner import ModelRunner
+from engine.spec.runner import ModelRunner
 from tests.test_decoding import run
 from tests.test_eagle import random_head
 from tests.test_fastlinear import NATIVE, accelerated

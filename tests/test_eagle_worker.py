@@ -4,7 +4,7 @@ import asyncio
 from pathlib import Path
 
 from engine.heads.files import save_head
-from engine.session import ChatEngine
+from engine.spec.session import ChatEngine
 from tests.test_eagle import head_info, random_head
 from tests.test_worker_app import USER, serving, until
 from tests.tiny import tiny_loaded

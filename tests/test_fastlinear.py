@@ -31,7 +31,7 @@ from engine.cpu.quantize import (
     cache_path,
     model_bytes,
 )
-from engine.runner import ModelRunner
+from engine.spec.runner import ModelRunner
 from tests.test_quant import light_gguf, q4_k_blocks, q6_k_blocks, write_gguf
 from tests.tiny import tiny_model
 

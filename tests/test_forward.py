@@ -18,7 +18,7 @@ from engine.cpu.forward import (
     UnsupportedModelError,
     forward_for,
 )
-from engine.runner import ModelRunner
+from engine.spec.runner import ModelRunner
 from tests.test_fastlinear import NATIVE, accelerated
 from tests.tiny import tiny_model
 

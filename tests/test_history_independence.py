@@ -23,9 +23,9 @@ import torch
 
 from engine.cpu.quantize import accelerate
 from engine.protocol import Completion, PromptProgress, TextChunk
-from engine.runner import ModelRunner
-from engine.sampling import SamplingParams
-from engine.session import ChatEngine
+from engine.spec.runner import ModelRunner
+from engine.spec.sampling import SamplingParams
+from engine.spec.session import ChatEngine
 from tests.conftest import LIGHT
 from tests.test_fastlinear import NATIVE, gguf_model
 from tests.worker_process import Http, start_worker

@@ -31,7 +31,7 @@ from pathlib import Path
 import platformdirs
 import pytest
 
-from engine import registry
+from engine.models import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL = ROOT / "installer" / "linux" / "install.sh"
@@ -177,9 +177,9 @@ def seed_converted_cache(layout: Layout) -> None:
     spec = registry.get_spec(LIGHT)
     folder = paths.models_dir() / "cache" / f"{LIGHT}-{spec.sha256[:16]}"
     if not (folder / "manifest.json").is_file():
-        from engine import store
+        from engine.models import cache
 
-        folder = store.prepare(LIGHT).folder  # converts once into the developer's data dir
+        folder = cache.prepare(LIGHT).folder  # converts once into the developer's data dir
     dest = layout.models / "cache" / folder.name
 
     def link(src: str, dst: str) -> None:

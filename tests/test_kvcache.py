@@ -7,7 +7,7 @@ from transformers import DynamicCache
 
 from engine.cpu import forward as forward_mod
 from engine.cpu.forward import MIN_CAPACITY, KVCache, LayerCache
-from engine.runner import ModelRunner
+from engine.spec.runner import ModelRunner
 from tests.tiny import tiny_model
 
 
@@ -102,15 +102,15 @@ def test_resume_swaps_in_the_parked_cache_of_a_conversation_that_comes_back() ->
 
 
 def test_parked_caches_are_bounded_in_number_and_positions(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("engine.runner.PARKED", 2)
-    monkeypatch.setattr("engine.runner.PARKED_TOKENS", 25)
+    monkeypatch.setattr("engine.spec.runner.PARKED", 2)
+    monkeypatch.setattr("engine.spec.runner.PARKED_TOKENS", 25)
     runner = ModelRunner(tiny_model("llama", vocab_size=64, seed=1))
     chats = [[start, *range(10, 20)] for start in (3, 4, 5, 6)]  # [11] each
     for ids in chats:
         runner.resume(ids)
         runner.sync(ids)
     assert [p.ids for p in runner.parked] == [chats[2], chats[1]]  # the newest two
-    monkeypatch.setattr("engine.runner.PARKED_TOKENS", 15)
+    monkeypatch.setattr("engine.spec.runner.PARKED_TOKENS", 15)
     runner.resume(chats[0])
     assert [p.ids for p in runner.parked] == [chats[3]]  # two would hold 22 positions
 

@@ -10,7 +10,6 @@ import pytest
 import torch
 from gguf import GGUFWriter
 
-from engine import memory, models, registry, store
 from engine.cpu import kernels
 from engine.cpu.quantize import cache_path
 from engine.errors import (
@@ -20,7 +19,8 @@ from engine.errors import (
     ModelNotInstalledError,
     UnknownModelError,
 )
-from engine.registry import ModelSpec, Part
+from engine.models import cache, loading, memory, registry
+from engine.models.registry import ModelSpec, Part
 from tests.tiny import save_tiny, tiny_tokenizer
 
 
@@ -55,10 +55,10 @@ def test_named_models_are_pinned_with_sizes_and_hashes() -> None:
 
 def test_unknown_model_name_lists_the_known_ones(tmp_path: Path) -> None:
     with pytest.raises(UnknownModelError, match="smollm2-135m-instruct"):
-        store.prepare("gpt-17-ultra", tmp_path)
+        cache.prepare("gpt-17-ultra", tmp_path)
     (tmp_path / "notes.txt").write_text("hi")
     with pytest.raises(UnknownModelError, match="neither"):
-        store.prepare(str(tmp_path / "notes.txt"), tmp_path)
+        cache.prepare(str(tmp_path / "notes.txt"), tmp_path)
 
 
 def test_missing_package_says_how_to_install() -> None:
@@ -106,22 +106,22 @@ def test_tampered_single_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_cache_is_used_only_when_its_manifest_matches(tmp_path: Path) -> None:
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    (cache / "model.safetensors").write_bytes(b"123")
-    manifest = {"format": store.CACHE_FORMAT, "source_sha256": "abc",
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"123")
+    manifest = {"format": cache.CACHE_FORMAT, "source_sha256": "abc",
                 "files": {"model.safetensors": 3}}
-    (cache / "manifest.json").write_text(json.dumps(manifest))
-    assert store._cache_valid(cache, "abc")
-    assert not store._cache_valid(cache, "abd")
-    (cache / "model.safetensors").write_bytes(b"12")
-    assert not store._cache_valid(cache, "abc")
-    (cache / "manifest.json").write_text("{not json")
-    assert not store._cache_valid(cache, "abc")
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    assert cache._cache_valid(folder, "abc")
+    assert not cache._cache_valid(folder, "abd")
+    (folder / "model.safetensors").write_bytes(b"12")
+    assert not cache._cache_valid(folder, "abc")
+    (folder / "manifest.json").write_text("{not json")
+    assert not cache._cache_valid(folder, "abc")
 
 
 def test_local_folder_loads_as_it_is(tiny_folder: Path, tmp_path: Path) -> None:
-    target, draft = models.load_pair(str(tiny_folder), str(tiny_folder), data_dir=tmp_path)
+    target, draft = loading.load_pair(str(tiny_folder), str(tiny_folder), data_dir=tmp_path)
     assert draft is not None and target.name == tiny_folder.name
     assert target.eos_ids and target.max_context == 256
     assert not (tmp_path / "models" / "cache").exists()
@@ -132,7 +132,7 @@ def test_incompatible_draft_is_refused(tiny_folder: Path, tmp_path: Path) -> Non
     save_tiny(other, vocab_size=300)
     tiny_tokenizer(300).save_pretrained(other)
     with pytest.raises(IncompatibleModelsError, match="vocabularies differ"):
-        models.load_pair(str(tiny_folder), str(other), data_dir=tmp_path)
+        loading.load_pair(str(tiny_folder), str(other), data_dir=tmp_path)
 
 
 def free_memory(monkeypatch: pytest.MonkeyPatch, available: int) -> None:
@@ -145,33 +145,33 @@ def test_too_little_memory_is_refused_before_loading(
     tiny_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     free_memory(monkeypatch, 1000)
-    monkeypatch.setattr(models, "load_prepared", pytest.fail)
+    monkeypatch.setattr(loading, "load_prepared", pytest.fail)
     with pytest.raises(InsufficientMemoryError, match="GiB"):
-        models.load_pair(str(tiny_folder), data_dir=tmp_path)
+        loading.load_pair(str(tiny_folder), data_dir=tmp_path)
 
 
-def prepared_with_gguf(tmp_path: Path, dense: int) -> store.PreparedModel:
+def prepared_with_gguf(tmp_path: Path, dense: int) -> cache.PreparedModel:
     folder = tmp_path / "converted"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"vocab_size": 100, "hidden_size": 8}))
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
-    return store.PreparedModel("m", folder, "abc", dense, gguf)
+    return cache.PreparedModel("m", folder, "abc", dense, gguf)
 
 
 def test_load_estimate_counts_the_kernels_cache_once_it_is_built(tmp_path: Path) -> None:
     prepared = prepared_with_gguf(tmp_path, dense=10_000)
-    assert models.load_bytes(prepared, "float32", "fp32") == 10_000
-    assert models.load_bytes(prepared, "bfloat16", "fp32") == 5_000
+    assert loading.load_bytes(prepared, "float32", "fp32") == 10_000
+    assert loading.load_bytes(prepared, "bfloat16", "fp32") == 5_000
     # int4 before its first load: the build may read every dense weight
-    assert models.load_bytes(prepared, "float32", "int4+int8") == 10_000
+    assert loading.load_bytes(prepared, "float32", "int4+int8") == 10_000
     built = cache_path(prepared.folder / "accelerated", "int4+int8", torch.float32,
                        native=kernels.available())
     built.parent.mkdir()
     built.write_bytes(b"x" * 700)
-    assert models.load_bytes(prepared, "float32", "int4+int8") == 700 + 100 * 8 * 4
+    assert loading.load_bytes(prepared, "float32", "int4+int8") == 700 + 100 * 8 * 4
     # a draft's requantized cache is another file, not built yet
-    assert models.load_bytes(prepared, "float32", "int4+int8", draft=True) == (
+    assert loading.load_bytes(prepared, "float32", "int4+int8", draft=True) == (
         700 + 100 * 8 * 4 if not kernels.available() else 10_000)
 
 
@@ -208,30 +208,30 @@ def test_conversion_is_refused_before_it_starts_without_the_memory(
     assert memory.conversion_bytes(other) == int(64 * 32 * 4 * memory.CONVERSION_FACTOR)
 
     free_memory(monkeypatch, 1000)
-    monkeypatch.setattr(store, "convert", pytest.fail)
+    monkeypatch.setattr(cache, "convert", pytest.fail)
     with pytest.raises(InsufficientMemoryError, match="converting tiny needs about"):
-        store.prepare(str(gguf), tmp_path / "data")
+        cache.prepare(str(gguf), tmp_path / "data")
 
 
 def test_unknown_dtype_is_refused(tiny_folder: Path) -> None:
     with pytest.raises(ValueError, match="dtype"):
-        models.load_pair(str(tiny_folder), dtype="int3")
+        loading.load_pair(str(tiny_folder), dtype="int3")
 
 
 def test_a_folder_without_gguf_runs_the_fast_float_layers(tiny_folder: Path,
                                                            tmp_path: Path) -> None:
     from engine.cpu.layers import FastLinear
 
-    target, _ = models.load_pair(str(tiny_folder), data_dir=tmp_path)
+    target, _ = loading.load_pair(str(tiny_folder), data_dir=tmp_path)
     assert target.accel == "fp32" and target.efficient_rows is None
     assert any(isinstance(m, FastLinear) for m in target.model.modules())
-    plain, _ = models.load_pair(str(tiny_folder), data_dir=tmp_path, accel="off")
+    plain, _ = loading.load_pair(str(tiny_folder), data_dir=tmp_path, accel="off")
     assert plain.accel == "off"
     assert not any(isinstance(m, FastLinear) for m in plain.model.modules())
 
 
 def test_bad_acceleration_is_refused(tiny_folder: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="accel must be one of"):
-        models.load_pair(str(tiny_folder), data_dir=tmp_path, accel="int2")
+        loading.load_pair(str(tiny_folder), data_dir=tmp_path, accel="int2")
     with pytest.raises(ValueError, match="needs a model prepared from a GGUF"):
-        models.load_pair(str(tiny_folder), data_dir=tmp_path, accel="int4+int8")
+        loading.load_pair(str(tiny_folder), data_dir=tmp_path, accel="int4+int8")

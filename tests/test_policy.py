@@ -4,12 +4,12 @@ import itertools
 
 import pytest
 
-from engine.decoding import decode
-from engine.drafters import Draft, Drafter
-from engine.drafters.ngram import NgramDrafter
-from engine.policy import PROBE_SHARE, DraftPolicy, choose_gamma, expected_tokens
-from engine.runner import ModelRunner
-from engine.sampling import SamplingParams
+from engine.spec.decoding import decode
+from engine.spec.drafters import Draft, Drafter
+from engine.spec.drafters.ngram import NgramDrafter
+from engine.spec.policy import PROBE_SHARE, DraftPolicy, choose_gamma, expected_tokens
+from engine.spec.runner import ModelRunner
+from engine.spec.sampling import SamplingParams
 from tests.tiny import tiny_model
 
 
@@ -113,7 +113,7 @@ def test_policy_respects_the_room_left() -> None:
 
 
 class Clock:
-    """Stands in for the ``time`` module in :mod:`engine.decoding`: each reading is a
+    """Stands in for the ``time`` module in :mod:`engine.spec.decoding`: each reading is a
     millisecond after the one before (a target pass takes 1 ms), and a drafter can
     spend more, so the costs the policy measures do not depend on the machine."""
 
@@ -145,7 +145,7 @@ def test_adaptive_decoding_stays_identical_and_switches_off(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = Clock()
-    monkeypatch.setattr("engine.decoding.time", clock)
+    monkeypatch.setattr("engine.spec.decoding.time", clock)
     target = tiny_model("llama", vocab_size=64, seed=1, scale=4.0)
     prompt = [5, 6, 7, 8, 5, 6, 7]
 

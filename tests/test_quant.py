@@ -10,7 +10,6 @@ from gguf import GGMLQuantizationType as QuantType
 from gguf import GGUFReader, GGUFWriter, quants
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
-from engine import registry
 from engine.cpu.gguf import (
     GGUFWeights,
     decode_int4,
@@ -19,6 +18,7 @@ from engine.cpu.gguf import (
     q4_k_scale_min,
     read_gguf,
 )
+from engine.models import registry
 
 RNG = np.random.default_rng(0)
 

@@ -2,10 +2,10 @@
 
 import pytest
 
-from engine import store
 from engine.cpu import kernels
+from engine.models import cache
 from engine.protocol import ROLLING_WINDOW, Completion
-from engine.session import ChatEngine
+from engine.spec.session import ChatEngine
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number, "
@@ -106,8 +106,8 @@ def test_light_model_long_chat_keeps_its_latest_turns_in_a_rolling_window(
 def test_light_model_second_prepare_uses_the_cache(
     light_engine: ChatEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store, "convert", pytest.fail)
-    prepared = store.prepare("smollm2-135m-instruct")
+    monkeypatch.setattr(cache, "convert", pytest.fail)
+    prepared = cache.prepare("smollm2-135m-instruct")
     assert (prepared.folder / "manifest.json").is_file()
     assert prepared.sha256 == light_engine.target.sha256
 

@@ -3,11 +3,13 @@
 import pytest
 import torch
 
-from engine.decoding import decode
-from engine.drafters.draft_model import DraftModelDrafter
-from engine.drafters.ngram import NgramDrafter
-from engine.models import LoadedModel
-from engine.replay import (
+from engine.models.loading import LoadedModel
+from engine.spec.decoding import decode
+from engine.spec.drafters.draft_model import DraftModelDrafter
+from engine.spec.drafters.ngram import NgramDrafter
+from engine.spec.runner import ModelRunner
+from engine.spec.sampling import SamplingParams
+from engine.tools.replay import (
     Case,
     Method,
     Trace,
@@ -18,8 +20,6 @@ from engine.replay import (
     replay,
     trace,
 )
-from engine.runner import ModelRunner
-from engine.sampling import SamplingParams
 from tests.tiny import tiny_model
 
 VOCAB = 64

@@ -2,7 +2,7 @@
 
 import torch
 
-from engine.sampling import position_uniform, quantile_token
+from engine.spec.sampling import position_uniform, quantile_token
 from tests.stats import matches
 
 

@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from engine.drafters.draft_model import DraftModelDrafter
-from engine.drafters.eagle import EagleDrafter
-from engine.drafters.suffix import SuffixDrafter
 from engine.errors import BadRequestError, PromptTooLongError
 from engine.heads.files import save_head
-from engine.models import LoadedModel
+from engine.models.loading import LoadedModel
 from engine.protocol import ROLLING_WINDOW, Completion, ContextWindow, PromptProgress, TextChunk
-from engine.sampling import SamplingParams
-from engine.session import READ_CHUNK, ROLL_TURNS, ChatEngine, TextAssembler, split_turns
+from engine.spec.drafters.draft_model import DraftModelDrafter
+from engine.spec.drafters.eagle import EagleDrafter
+from engine.spec.drafters.suffix import SuffixDrafter
+from engine.spec.sampling import SamplingParams
+from engine.spec.session import READ_CHUNK, ROLL_TURNS, ChatEngine, TextAssembler, split_turns
 from tests.test_eagle import head_info, random_head
 from tests.tiny import tiny_loaded
 

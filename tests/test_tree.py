@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from engine.cpu.quantize import accelerate
-from engine.decoding import decode
-from engine.drafters import Draft, Drafter
-from engine.drafters.draft_model import DraftModelDrafter
-from engine.drafters.eagle import EagleDrafter
-from engine.drafters.tree import Level, branch, choose
-from engine.runner import ModelRunner
-from engine.sampling import SamplingParams
+from engine.spec.decoding import decode
+from engine.spec.drafters import Draft, Drafter
+from engine.spec.drafters.draft_model import DraftModelDrafter
+from engine.spec.drafters.eagle import EagleDrafter
+from engine.spec.drafters.tree import Level, branch, choose
+from engine.spec.runner import ModelRunner
+from engine.spec.sampling import SamplingParams
 from tests.stats import matches
 from tests.test_decoding import _exact_two_token_distribution, loaded, prompts, run
 from tests.test_eagle import random_head

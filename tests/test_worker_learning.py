@@ -13,7 +13,7 @@ import pytest
 
 from engine.errors import BadRequestError
 from engine.heads.files import find_head, read_info
-from engine.session import ChatEngine
+from engine.spec.session import ChatEngine
 from engine.worker.auth import Auth
 from engine.worker.learning import HeadLearning, check_conversations, check_tuning
 from tests.test_worker_app import USER, FakeEngine, assert_error, ready, serving, until

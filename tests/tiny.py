@@ -19,7 +19,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from engine.models import LoadedModel, end_of_turn_ids
+from engine.models.loading import LoadedModel, end_of_turn_ids
 
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"

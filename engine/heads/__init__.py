@@ -8,5 +8,5 @@
 * :mod:`engine.heads.office`: fine-tune on that history, install only if better
   (``python -m engine.heads.office``).
 
-The drafter that uses a head lives in :mod:`engine.drafters.eagle`.
+The drafter that uses a head lives in :mod:`engine.spec.drafters.eagle`.
 """

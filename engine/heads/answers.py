@@ -4,7 +4,7 @@ Contract: :func:`prompts` builds a fixed, shuffled list of chat prompts of the f
 the appliance serves (code to write, code to edit, a document to summarise, free chat)
 from the Python standard library's source and from hand-written office topics; none is a
 benchmark or demo prompt. :func:`answer` lets the target answer one prompt greedily (the
-plain loop on a :class:`~engine.runner.ModelRunner`, so the answer is exactly the
+plain loop on a :class:`~engine.spec.runner.ModelRunner`, so the answer is exactly the
 target's) and records, for every position of prompt + answer, the target's final normed
 hidden state and its top-``k`` next-token probabilities: the same labels
 :func:`engine.heads.train.extract` computes, taken from the run itself, so no second
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from engine.heads import corpus as corpus_mod
-from engine.runner import ModelRunner
+from engine.spec.runner import ModelRunner
 
 log = logging.getLogger(__name__)
 

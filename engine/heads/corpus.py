@@ -18,7 +18,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT = Path(__file__).resolve().parent.parent.parent / "assets" / "heads" / "corpus.jsonl"
+from engine.paths import ASSETS
+
+DEFAULT = ASSETS / "heads" / "corpus.jsonl"
 MODULES = (
     "argparse", "base64", "bisect", "calendar", "configparser", "contextlib", "copy", "csv",
     "dataclasses", "datetime", "difflib", "enum", "fnmatch", "fractions", "functools",

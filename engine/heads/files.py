@@ -23,9 +23,10 @@ from safetensors.torch import save_file
 from engine import paths
 from engine.errors import HeadFileError, IncompatibleModelsError
 from engine.heads.model import EagleHead, HeadConfig
+from engine.paths import ASSETS
 
 FORMAT = "anve-eagle-head/1"
-SHIPPED = Path(__file__).resolve().parent.parent.parent / "assets" / "heads"
+SHIPPED = ASSETS / "heads"
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from engine import paths, store
+from engine import paths
 from engine.heads import train
 from engine.heads.files import find_head, head_file_name, read_info
+from engine.models import cache
 
 log = logging.getLogger(__name__)
 KEPT = 3
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     os.nice(19)
-    name = store.resolve_source(args.target)[0]
+    name = cache.resolve_source(args.target)[0]
     current = find_head(name, args.data_dir)
     with tempfile.TemporaryDirectory() as tmp:
         candidate = Path(tmp) / head_file_name(name)

@@ -43,7 +43,7 @@ from engine.heads import answers, history
 from engine.heads import corpus as corpus_mod
 from engine.heads.files import HeadInfo, load_head, save_head
 from engine.heads.model import EagleHead, HeadConfig, draft_steps
-from engine.runner import ModelRunner
+from engine.spec.runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -365,10 +365,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def load_target(name: str, data_dir: str | None, accel: str) -> Any:
-    from engine import store
-    from engine.models import load_prepared
+    from engine.models import cache
+    from engine.models.loading import load_prepared
 
-    return load_prepared(store.prepare(name, data_dir), "float32", accel)
+    return load_prepared(cache.prepare(name, data_dir), "float32", accel)
 
 
 def split(data: Features, held_out: float) -> tuple[Features, Features]:

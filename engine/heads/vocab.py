@@ -2,7 +2,7 @@
 ``python -m engine.heads.vocab``.
 
 Contract: :func:`build` counts, for one tokenizer, how often each token id occurs in four
-offline sources and writes a frequency-ranked list of ids (:class:`engine.drafters.vocab.
+offline sources and writes a frequency-ranked list of ids (:class:`engine.spec.drafters.vocab.
 Ranking`, ``assets/heads/<name>.vocab.safetensors``: int32 ids, most frequent first, with
 the tokenizer's hash, the sources, their licences and token counts as metadata). Each
 source's counts are divided by its own total before they are added, so each weighs the
@@ -28,7 +28,7 @@ Commands: ``build`` counts and writes the asset; ``held-out`` turns the tail of 
 answers file into a held-out file (records with a ``.json`` of kinds beside them);
 ``measure`` reports, per kept size and kind (code, summary, chat), the share of held-out
 answer tokens kept, the draft model's and the EAGLE head's accepted drafts per greedy chain
-(teacher-forced replays, see :mod:`engine.replay`) and the draft step costs, timed
+(teacher-forced replays, see :mod:`engine.tools.replay`) and the draft step costs, timed
 interleaved in one process. None of the benchmark's or demo's prompts is counted; they are
 held out for ``measure`` (docs/vocab.md has the commands and figures).
 """
@@ -47,8 +47,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.drafters.vocab import ASSETS, SUFFIX, Ranking, save_ranking, tokenizer_hash
 from engine.heads import corpus as corpus_mod
+from engine.spec.drafters.vocab import ASSETS, SUFFIX, Ranking, save_ranking, tokenizer_hash
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ def count_target(model: Any, tokenizer: Any, conversations: Sequence[list[dict[s
     ``conversations`` (teacher-forced: one prompt reading per conversation, at most
     ``max_len`` tokens), until ``max_tokens`` positions are counted; and the positions
     counted."""
-    from engine.runner import ModelRunner
+    from engine.spec.runner import ModelRunner
 
     runner = ModelRunner(model)
     counts = np.zeros(vocab_size, dtype=np.int64)
@@ -352,7 +352,7 @@ def chains(guess: torch.Tensor, confident: torch.Tensor, right: torch.Tensor, k:
 def draft_model_acceptance(runner: Any, held: Sequence[Held], variants: dict[str, torch.Tensor],
                            k: int = 4, stop: float = 0.8) -> dict[tuple[str, str], list[float]]:
     """Per (kind, variant): [accepted, drafted, chains] of the draft model's greedy chains
-    from every answer position, teacher-forced (see :mod:`engine.replay`: exact for the
+    from every answer position, teacher-forced (see :mod:`engine.tools.replay`: exact for the
     accepted length), its logits restricted to each variant's ids."""
     out: dict[tuple[str, str], list[float]] = {}
     for h in held:
@@ -522,13 +522,13 @@ def _build(args: argparse.Namespace, loaded: Any) -> int:
 
 
 def _measure(args: argparse.Namespace, target: Any) -> int:
-    from engine import store
-    from engine.drafters.draft_model import DraftModelDrafter
-    from engine.drafters.eagle import EagleDrafter, quantize_head
-    from engine.drafters.vocab import load_ranking, short_head
     from engine.heads.files import find_head, load_head
-    from engine.models import load_prepared
-    from engine.runner import ModelRunner
+    from engine.models import cache
+    from engine.models.loading import load_prepared
+    from engine.spec.drafters.draft_model import DraftModelDrafter
+    from engine.spec.drafters.eagle import EagleDrafter, quantize_head
+    from engine.spec.drafters.vocab import load_ranking, short_head
+    from engine.spec.runner import ModelRunner
 
     ranking = load_ranking(args.ranking)
     if ranking.tokenizer_sha256 != tokenizer_hash(target.tokenizer):
@@ -550,7 +550,7 @@ def _measure(args: argparse.Namespace, target: Any) -> int:
     for name, ids in variants.items():
         print(f"| {name} | " + " | ".join(f"{coverage(ids, t):.4f}" for t in groups.values())
               + " |")
-    draft = load_prepared(store.prepare(args.draft, args.data_dir), "float32", args.accel)
+    draft = load_prepared(cache.prepare(args.draft, args.data_dir), "float32", args.accel)
     head_path = find_head(target.name, args.data_dir)
     assert head_path is not None, "no EAGLE head for the target"
     head, _ = load_head(head_path, target.name, target.sha256, target.model)

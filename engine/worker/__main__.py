@@ -21,13 +21,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from engine.models.registry import PROFILES
 from engine.protocol import ACCELERATIONS, METHODS
-from engine.registry import PROFILES
 from engine.worker.auth import ConfigError, check_bind, read_token
 
 if TYPE_CHECKING:
-    from engine.registry import Progress
-    from engine.session import ChatEngine, DraftLength
+    from engine.models.registry import Progress
+    from engine.spec.session import ChatEngine, DraftLength
     from engine.worker.server import Worker
 
 log = logging.getLogger("engine.worker")
@@ -106,7 +106,7 @@ def make_loader(config: WorkerConfig) -> Callable[["Progress"], "ChatEngine"]:
     """The function the engine thread calls to load the models."""
 
     def load(progress: "Progress") -> "ChatEngine":
-        from engine.session import ChatEngine
+        from engine.spec.session import ChatEngine
 
         return ChatEngine.load(
             config.target, config.draft, data_dir=config.data_dir, progress=progress,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from engine.protocol import TextChunk
 
 if TYPE_CHECKING:  # the tests import HOLD_ENV without the engine's imports
-    from engine.registry import Progress
+    from engine.models.registry import Progress
     from engine.worker.scheduler import Engine
 
 log = logging.getLogger(__name__)

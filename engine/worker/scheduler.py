@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.errors import BadRequestError, EngineError
+from engine.models.registry import Progress
 from engine.protocol import Completion, ContextWindow, PromptProgress, TextChunk
-from engine.registry import Progress
 from engine.worker.metrics import Metrics
 from engine.worker.schema import ChatRequest
 from engine.worker.settings import ADAPTIVE, Decision, DraftLength, SpeculationSettings
@@ -65,7 +65,7 @@ class QueueFullError(EngineError):
 
 
 class Engine(Protocol):
-    """What the worker needs from :class:`engine.session.ChatEngine`."""
+    """What the worker needs from :class:`engine.spec.session.ChatEngine`."""
 
     target: Any
     draft: Any

@@ -55,8 +55,8 @@ from engine.protocol import (
     WARM,
     SpeculationStats,
 )
-from engine.sampling import SamplingParams
-from engine.session import validate_messages
+from engine.spec.sampling import SamplingParams
+from engine.spec.session import validate_messages
 from engine.worker.settings import Decision, DraftLength, Override, parse_override
 
 DEFAULT_MAX_TOKENS = 512

@@ -11,9 +11,9 @@ Contract:
   ``load_threshold`` (reason ``"load"``); otherwise the global method applies.
 * ``method`` may be ``"auto"`` (the default of our engine): the engine then runs, per
   answer, the method its calibration predicts fastest for the question's kind
-  (:mod:`engine.calibration`); an explicit method, global or per request, wins.
+  (:mod:`engine.spec.calibration`); an explicit method, global or per request, wins.
 * ``num_draft_tokens`` is an integer from 1 to 16, or ``"adaptive"`` when the engine
-  offers it (it then picks the draft length per pass, :mod:`engine.policy`). The
+  offers it (it then picks the draft length per pass, :mod:`engine.spec.policy`). The
   worker only passes the choice through; it keeps no draft-length policy of its own.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 
 from engine.errors import BadRequestError
 from engine.protocol import METHODS
-from engine.session import ADAPTIVE, AUTO, MAX_DRAFT_TOKENS, DraftLength
+from engine.spec.session import ADAPTIVE, AUTO, MAX_DRAFT_TOKENS, DraftLength
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ DISK_LIGHT_MIB=900
 DISK_APPLIANCE_MIB=14500
 MEM_NONE_MIB=1500
 MEM_LIGHT_MIB=2500
-MEM_APPLIANCE_MIB=7000 # converting and loading ask ~4.2 GiB free (engine/memory.py)
+MEM_APPLIANCE_MIB=7000 # converting and loading ask ~4.2 GiB free (engine/models/memory.py)
 
 usage() {
     cat <<'EOF'

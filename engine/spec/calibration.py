@@ -21,7 +21,7 @@ Contract:
   lengths per kind.
 * :func:`predict` and :func:`choose` are pure functions of those figures: the predicted
   speed of each loaded method relative to plain decoding (the adaptive policy's model,
-  :mod:`engine.policy`, with the drafter's prompt reading spread over the answer), and
+  :mod:`engine.spec.policy`, with the drafter's prompt reading spread over the answer), and
   the best one with a sentence saying why ("ngram: 1.20× predicted on this machine;
   draft model: 0.90×").
 * :class:`CalibrationCache` keeps calibrations and observations in one JSON file in the
@@ -45,8 +45,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from engine.drafters import Drafter
-from engine.policy import DraftPolicy, expected_tokens, on_line, ratio_between
+from engine.paths import ASSETS
+from engine.spec.drafters import Drafter
+from engine.spec.policy import DraftPolicy, expected_tokens, on_line, ratio_between
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ OBSERVED_DECAY = 0.98  # per answer, for the acceptance evidence of a method and
 OTHER_KINDS = 0.25  # weight of a method's evidence on other kinds of prompt
 KINDS = ("code", "editing", "summary", "chat")
 VERSION = 1
-PRIORS = Path(__file__).resolve().parent.parent / "assets" / "calibration"
+PRIORS = ASSETS / "calibration"
 PRIOR_SUFFIX = ".observations.json"
 PRIOR_FORMAT = "anve-observations-1"
 PRIOR_ANSWERS = 4.0  # answers' worth a shipped observation counts as, per method and kind
@@ -219,12 +220,12 @@ def measure(target: Any, drafters: Mapping[str, Drafter], key: str, budget_s: fl
             ) -> Generator[None, None, Calibration]:
     """Measure the target's t(k), k = 1..16, and each drafter's step and prompt reading
     costs, one short slice per ``next()`` (see the module). ``target``: a loaded model
-    (``LoadedModel.model``); ``drafters``: name -> drafter (``engine.drafters``). The
+    (``LoadedModel.model``); ``drafters``: name -> drafter (``engine.spec.drafters``). The
     drafters' state is reset afterwards."""
     import torch
 
-    from engine.runner import ModelRunner
-    from engine.sampling import SamplingParams
+    from engine.spec.runner import ModelRunner
+    from engine.spec.sampling import SamplingParams
 
     start = clock()
     vocab = int(target.config.vocab_size)

@@ -1,6 +1,6 @@
 """Lookup first, the draft model otherwise: free drafts where the text repeats itself.
 
-Contract: :class:`HybridDrafter` asks the suffix lookup (:mod:`engine.drafters.suffix`:
+Contract: :class:`HybridDrafter` asks the suffix lookup (:mod:`engine.spec.drafters.suffix`:
 the prompt, the answer so far and past answers) for a draft; when the lookup finds at
 least ``min_lookup`` tokens, they are the pass's draft (``q`` one-hot, as for every
 lookup). Otherwise the draft model drafts (with its ``q``). Each pass's draft comes
@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from engine.drafters import Draft, Drafter
-from engine.sampling import SamplingParams
+from engine.spec.drafters import Draft, Drafter
+from engine.spec.sampling import SamplingParams
 
 LOOKUP, MODEL = "suffix", "draft"
 

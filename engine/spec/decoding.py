@@ -1,7 +1,7 @@
 """The decoding loop: plain and speculative decoding are one generator.
 
 Each pass feeds the pending token plus the drafter's proposals to the target in one
-forward, accepts drafts by the lossless rule (:mod:`engine.acceptance`), emits the
+forward, accepts drafts by the lossless rule (:mod:`engine.spec.acceptance`), emits the
 accepted tokens and one token of the target's own, and crops the target's cache back
 to what was kept. With no drafter (or ``k == 0``) a pass is one ordinary decoding
 step, so plain decoding is the same loop. The loop yields a :class:`Step` per pass;
@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.acceptance import greedy_accept, speculative_accept, tree_accept
-from engine.drafters import EMPTY_DRAFT, Draft, Drafter
-from engine.policy import DraftPolicy
 from engine.protocol import SpeculationStats
-from engine.runner import ModelRunner
-from engine.sampling import SamplingParams, position_uniform, probabilities, quantile_token
+from engine.spec.acceptance import greedy_accept, speculative_accept, tree_accept
+from engine.spec.drafters import EMPTY_DRAFT, Draft, Drafter
+from engine.spec.policy import DraftPolicy
+from engine.spec.runner import ModelRunner
+from engine.spec.sampling import SamplingParams, position_uniform, probabilities, quantile_token
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class Step:
 def seeded_tokens(logits: torch.Tensor, params: SamplingParams, positions: Sequence[int]
                   ) -> torch.Tensor:
     """The target's token after each row of ``logits`` ``[R, V]`` in a seeded answer, row
-    ``r`` picking the token at ``positions[r]`` (:func:`engine.sampling.quantile_token`)."""
+    ``r`` picking the token at ``positions[r]`` (:func:`engine.spec.sampling.quantile_token`)."""
     assert params.seed is not None
     p = probabilities(logits, params)  # [R, V]
     return torch.tensor([quantile_token(p[r], position_uniform(params.seed, pos))

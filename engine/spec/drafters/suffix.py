@@ -9,7 +9,7 @@ taking at each step the token that most of them continue with, while the fractio
 places that agree along the path (its empirical probability) stays at least
 ``min_prob``. Repeated phrasing across conversations is drafted this way. Drafts are
 deterministic, so ``q`` is one-hot (``probs=None``). With ``branches`` the runner-up
-continuations become leaves beside the path (:mod:`engine.drafters.tree`), their
+continuations become leaves beside the path (:mod:`engine.spec.drafters.tree`), their
 chance the share of places that continue that way.
 """
 
@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-from engine.drafters import EMPTY_DRAFT, Draft, Drafter
-from engine.drafters.tree import Level, branch
-from engine.sampling import SamplingParams
+from engine.spec.drafters import EMPTY_DRAFT, Draft, Drafter
+from engine.spec.drafters.tree import Level, branch
+from engine.spec.sampling import SamplingParams
 
 SEPARATOR = -1  # between documents in the corpus; never a token id
 

@@ -3,7 +3,7 @@
 A model drafter (draft model, EAGLE head) computes a distribution at every depth of its
 chain anyway. :func:`choose` takes the chain's token from it and, on request, the next
 likeliest alternatives: the top ones when greedy, drawn one after another without
-replacement when sampling (what :func:`engine.acceptance.tree_accept` needs to stay
+replacement when sampling (what :func:`engine.spec.acceptance.tree_accept` needs to stay
 lossless). :func:`branch` then keeps the chain and adds, as leaves beside it, the
 alternatives whose estimated chance of being the target's token (the draft's confidence
 in the path to their parent times their own) is highest, up to a budget. The tree costs
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.drafters import Draft
-from engine.sampling import (
+from engine.spec.drafters import Draft
+from engine.spec.sampling import (
     SamplingParams,
     position_uniform,
     probabilities,
@@ -41,7 +41,7 @@ def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     others (greedy: the next likeliest; sampling: drawn without replacement).
 
     In a seeded answer, the token for context ``position`` is drawn with the uniform the
-    target will use there (:func:`engine.sampling.position_uniform`): where the draft's
+    target will use there (:func:`engine.spec.sampling.position_uniform`): where the draft's
     distribution is close to the target's, the two pick the same token."""
     if params.greedy:
         probs = logits.float().softmax(-1)  # [V]

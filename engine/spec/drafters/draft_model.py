@@ -8,16 +8,16 @@ stops early after a token the draft itself gave less than ``min_confidence``
 (its probability), since the guesses after it would most likely be rejected (the
 threshold's replay measurements: docs/measurements.md). Its decoding steps compute
 logits only for the frequent ids and the end tokens, the frequent rows re-rounded to 4
-bits (:mod:`engine.drafters.vocab`): cheaper steps, the same lossless acceptance. With
+bits (:mod:`engine.spec.drafters.vocab`): cheaper steps, the same lossless acceptance. With
 ``branches`` the chain gets up to that many alternatives as leaves beside it
-(:mod:`engine.drafters.tree`), for runners that verify trees.
+(:mod:`engine.spec.drafters.tree`), for runners that verify trees.
 
 The draft model reads only a window of the context: at most ``window`` tokens of a
 new prompt (its end), and what follows them from then on, because reading a long prompt
 costs the draft model more than its drafts win back (the window's measurements:
 docs/measurements.md). What the draft does not read only makes its guesses worse; the
 target checks every one as before. Like the target's, its runner keeps the caches of a few other
-conversations (:meth:`engine.runner.ModelRunner.swap_in`), each with its window's start.
+conversations (:meth:`engine.spec.runner.ModelRunner.swap_in`), each with its window's start.
 """
 
 from collections.abc import Sequence
@@ -25,12 +25,12 @@ from dataclasses import replace
 
 import torch
 
-from engine.drafters import EMPTY_DRAFT, Draft, Drafter
-from engine.drafters.tree import Level, branch, choose
-from engine.drafters.vocab import draft_head
-from engine.models import LoadedModel
-from engine.runner import ModelRunner, shared_prefix
-from engine.sampling import SamplingParams
+from engine.models.loading import LoadedModel
+from engine.spec.drafters import EMPTY_DRAFT, Draft, Drafter
+from engine.spec.drafters.tree import Level, branch, choose
+from engine.spec.drafters.vocab import draft_head
+from engine.spec.runner import ModelRunner, shared_prefix
+from engine.spec.sampling import SamplingParams
 
 DRAFT_WINDOW = 256  # prompt tokens the draft model reads (the module docstring says why)
 

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-from engine.drafters import EMPTY_DRAFT, Draft, Drafter
-from engine.sampling import SamplingParams
+from engine.spec.drafters import EMPTY_DRAFT, Draft, Drafter
+from engine.spec.sampling import SamplingParams
 
 
 def ngram_lookup(context: np.ndarray, k: int, min_n: int = 2, max_n: int = 4) -> list[int]:

@@ -38,12 +38,13 @@ import torch
 from torch import nn
 
 from engine.cpu import as_int4, select_rows
+from engine.paths import ASSETS
 
 log = logging.getLogger(__name__)
 
 DRAFT_VOCAB = 65536  # kept ids under the low-id rule (no ranking for the tokenizer)
 RANKED_VOCAB = 32768  # kept ids from a ranking (docs/vocab.md: coverage and step costs)
-ASSETS = Path(__file__).resolve().parent.parent.parent / "assets" / "heads"
+ASSETS = ASSETS / "heads"
 SUFFIX = ".vocab.safetensors"
 FORMAT = "anve-draft-vocab-1"
 

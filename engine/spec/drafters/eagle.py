@@ -11,14 +11,14 @@ replaced by the target's real features after verification). Greedy drafts are th
 argmax (``probs=None``); sampled drafts return the distributions ``q`` they came from,
 processed like the target's, so acceptance stays lossless. Drafting stops early after
 a token the head gave less than ``min_confidence``. With ``branches`` the chain gets up
-to that many alternative tokens as leaves beside it (:mod:`engine.drafters.tree`), for
+to that many alternative tokens as leaves beside it (:mod:`engine.spec.drafters.tree`), for
 runners that verify trees.
 
 Drafting cost: the head's linear layers run as per-channel int8 on our kernels where
 they run (:func:`quantize_head`), its decoder layer then as one native call per draft
 step (:class:`engine.cpu.forward.Stack`, native where it can), and the target's
 ``lm_head`` is read only for the frequent part of the vocabulary plus the end tokens
-(:mod:`engine.drafters.vocab`), those re-rounded to 4 bits; none of it can change an
+(:mod:`engine.spec.drafters.vocab`), those re-rounded to 4 bits; none of it can change an
 answer, only how many drafts are accepted.
 """
 
@@ -32,14 +32,14 @@ from typing import Any
 import torch
 
 from engine.cpu import Stack, int8_layers
-from engine.drafters import EMPTY_DRAFT, Draft, Drafter
-from engine.drafters.tree import Level, branch, choose
-from engine.drafters.vocab import draft_head
 from engine.errors import EngineError
 from engine.heads.files import find_head, load_head
 from engine.heads.model import EagleHead
-from engine.models import LoadedModel
-from engine.sampling import SamplingParams
+from engine.models.loading import LoadedModel
+from engine.spec.drafters import EMPTY_DRAFT, Draft, Drafter
+from engine.spec.drafters.tree import Level, branch, choose
+from engine.spec.drafters.vocab import draft_head
+from engine.spec.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 

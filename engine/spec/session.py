@@ -33,7 +33,7 @@ demo runs both its sides cold, so both read the whole prompt and neither drafts 
 other's answer. The default ``"warm"`` reuses every cache and remembers the answer.
 
 Method ``auto`` (the default) picks, per answer, the method predicted fastest for the
-question's kind on this machine (:mod:`engine.calibration`): from the calibration the
+question's kind on this machine (:mod:`engine.spec.calibration`): from the calibration the
 worker measures or loads in the background (:meth:`ChatEngine.calibrate`) and the
 acceptance each method showed. Before any calibration it runs n-gram lookup, which
 needs no model of its own and costs next to nothing when it finds no draft. Every answer
@@ -54,7 +54,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from engine.calibration import (
+from engine.errors import BadRequestError, PromptTooLongError
+from engine.models.loading import LoadedModel, load_pair
+from engine.models.registry import Progress
+from engine.protocol import (
+    CACHE_STATES,
+    COLD,
+    CONTEXT_OVERFLOW,
+    METHODS,
+    STOP_AT_LIMIT,
+    WARM,
+    Completion,
+    ContextWindow,
+    PromptProgress,
+    TextChunk,
+)
+from engine.spec.calibration import (
     KINDS,
     Calibration,
     CalibrationCache,
@@ -69,32 +84,17 @@ from engine.calibration import (
     predict,
     shipped_observations,
 )
-from engine.decoding import StatsRecorder, Step, decode
-from engine.detokenize import IncrementalDetokenizer
-from engine.drafters import Drafter
-from engine.drafters.draft_model import DraftModelDrafter
-from engine.drafters.eagle import eagle_for
-from engine.drafters.hybrid import HybridDrafter
-from engine.drafters.ngram import NgramDrafter
-from engine.drafters.suffix import SuffixDrafter
-from engine.errors import BadRequestError, PromptTooLongError
-from engine.models import LoadedModel, load_pair
-from engine.policy import DraftPolicy
-from engine.protocol import (
-    CACHE_STATES,
-    COLD,
-    CONTEXT_OVERFLOW,
-    METHODS,
-    STOP_AT_LIMIT,
-    WARM,
-    Completion,
-    ContextWindow,
-    PromptProgress,
-    TextChunk,
-)
-from engine.registry import Progress
-from engine.runner import ModelRunner
-from engine.sampling import SamplingParams
+from engine.spec.decoding import StatsRecorder, Step, decode
+from engine.spec.detokenize import IncrementalDetokenizer
+from engine.spec.drafters import Drafter
+from engine.spec.drafters.draft_model import DraftModelDrafter
+from engine.spec.drafters.eagle import eagle_for
+from engine.spec.drafters.hybrid import HybridDrafter
+from engine.spec.drafters.ngram import NgramDrafter
+from engine.spec.drafters.suffix import SuffixDrafter
+from engine.spec.policy import DraftPolicy
+from engine.spec.runner import ModelRunner
+from engine.spec.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -471,7 +471,7 @@ class ChatEngine:
         """Like :meth:`generate` for an already tokenized prompt; ``answer_prefix`` are the
         ids at its end that belong to the answer being continued (its text is not sent
         again, and the new text joins it as one detokenization would); ``kind``: the
-        question's kind (:func:`engine.calibration.classify`) if known, for ``auto``."""
+        question's kind (:func:`engine.spec.calibration.classify`) if known, for ``auto``."""
         _check_cache(cache)
         params = params or SamplingParams()
         method = self.check_method(self.method if method is None else method)
@@ -508,7 +508,7 @@ class ChatEngine:
                   budget_s: float = CALIBRATION_BUDGET_S
                   ) -> Generator[None, None, Calibration]:
         """Load this machine's and models' calibration from ``cache`` (a JSON file), or
-        measure it in slices (one ``next()`` each, :func:`engine.calibration.measure`)
+        measure it in slices (one ``next()`` each, :func:`engine.spec.calibration.measure`)
         and save it there."""
         self._cache = None if cache is None else CalibrationCache(Path(cache))
         if self._cache is not None:

@@ -27,14 +27,14 @@ from typing import Any
 
 import torch
 
-from engine import registry, store
 from engine.cpu import formats, kernels
 from engine.cpu.forward import ForwardPlan, UnsupportedModelError, forward_for
 from engine.cpu.quantize import accelerate, cache_path, model_bytes
 from engine.errors import EngineError, IncompatibleModelsError
-from engine.memory import check_memory
+from engine.models import cache, registry
+from engine.models.memory import check_memory
+from engine.models.registry import Progress
 from engine.protocol import ACCELERATIONS
-from engine.registry import Progress
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def check_compatible(target: Any, draft: Any, target_name: str, draft_name: str)
     )
 
 
-def accel_mode(prepared: store.PreparedModel, accel: str) -> str:
+def accel_mode(prepared: cache.PreparedModel, accel: str) -> str:
     """The acceleration mode ``accel`` means for this model (``auto`` resolved)."""
     if accel not in ACCELERATIONS:
         raise ValueError(f"accel must be one of {', '.join(ACCELERATIONS)}, not {accel!r}")
@@ -110,10 +110,10 @@ def accel_mode(prepared: store.PreparedModel, accel: str) -> str:
     return accel
 
 
-def load_bytes(prepared: store.PreparedModel, dtype: str, accel: str, draft: bool = False
+def load_bytes(prepared: cache.PreparedModel, dtype: str, accel: str, draft: bool = False
                ) -> int:
     """About the model data loading ``prepared`` this way holds at its peak, from file
-    sizes alone (:func:`engine.memory.check_memory` adds the runtime and headroom).
+    sizes alone (:func:`engine.models.memory.check_memory` adds the runtime and headroom).
 
     Dense modes hold every weight in ``dtype``. On the int4 modes a model whose kernels'
     cache is built holds that cache plus its dense embedding table (a fraction of the dense
@@ -136,7 +136,7 @@ def load_bytes(prepared: store.PreparedModel, dtype: str, accel: str, draft: boo
 
 
 def load_prepared(
-    prepared: store.PreparedModel, dtype: str = "float32", accel: str = "auto",
+    prepared: cache.PreparedModel, dtype: str = "float32", accel: str = "auto",
     draft: bool = False,
 ) -> LoadedModel:
     """Load a prepared folder into a :class:`LoadedModel` in eval mode, accelerated.
@@ -179,7 +179,7 @@ def load_pair(
         raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, not {dtype!r}")
     if accel not in ACCELERATIONS:
         raise ValueError(f"accel must be one of {', '.join(ACCELERATIONS)}, not {accel!r}")
-    prepared = [store.prepare(s, data_dir, progress) for s in (target, draft) if s]
+    prepared = [cache.prepare(s, data_dir, progress) for s in (target, draft) if s]
     needed = sum(load_bytes(p, dtype, accel, draft=i == 1) for i, p in enumerate(prepared))
     check_memory(needed, " + ".join(p.name for p in prepared))
     if progress:
@@ -239,13 +239,10 @@ def main(argv: list[str] | None = None) -> int:
         return _install(expand(args.names))
     try:
         for name in expand(args.names):
-            prepared = store.prepare(name, args.data_dir, _print_progress)
+            prepared = cache.prepare(name, args.data_dir, _print_progress)
             sys.stderr.write(f"\n{prepared.name}: {prepared.folder}\n")
     except EngineError as exc:
         sys.stderr.write(f"\nerror: {exc}\n")
         return 1
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

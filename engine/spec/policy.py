@@ -23,7 +23,7 @@ unlucky first pass does not switch drafting off. All functions are pure or depen
 only on the numbers fed to ``update``, so they are tested with synthetic costs.
 
 Calibrated start (:meth:`DraftPolicy.calibrated`): given the machine's measured ``t(1)``,
-``t(k) / t(1)`` and the drafter's step cost (:mod:`engine.calibration`), the policy
+``t(k) / t(1)`` and the drafter's step cost (:mod:`engine.spec.calibration`), the policy
 needs no measuring passes and chooses from its first pass; ``PRIOR_SLOPE`` is then
 never used (it is the prior for ``t(k)`` before anything was measured).
 

@@ -5,7 +5,7 @@ or more for the Qwen pair). :func:`prepare` converts a verified GGUF once into a
 safetensors folder under ``<data dir>/models/cache/`` keyed by the file's SHA-256, so
 later starts read dense weights in seconds. A source is one of:
 
-* a named model (see :mod:`engine.registry`), assembled and verified first;
+* a named model (see :mod:`engine.models.registry`), assembled and verified first;
 * a local ``.gguf`` file (hashed, then converted like a named one);
 * a local Hugging Face model folder (``config.json`` + weights), used as it is.
 """
@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine import paths, registry
-from engine.convert import convert_streaming, streams
+from engine import paths
 from engine.errors import UnknownModelError
-from engine.memory import check_memory, conversion_bytes
-from engine.registry import Progress
+from engine.models import registry
+from engine.models.convert import convert_streaming, streams
+from engine.models.memory import check_memory, conversion_bytes
+from engine.models.registry import Progress
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ def _tensor_progress(progress: Progress) -> Iterator[None]:
 
 def convert(gguf_file: Path, cache: Path, sha: str, progress: Progress) -> None:
     """Dequantize ``gguf_file`` into float32 safetensors in ``cache``: tensor by tensor
-    (:mod:`engine.convert`) for Llama and Qwen2 files, else through transformers."""
+    (:mod:`engine.models.convert`) for Llama and Qwen2 files, else through transformers."""
     log.info("converting %s into %s", gguf_file, cache)
     tmp = cache.with_name(cache.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -161,7 +162,7 @@ def convert(gguf_file: Path, cache: Path, sha: str, progress: Progress) -> None:
 
 def convert_with_transformers(gguf_file: Path, tmp: Path, progress: Progress) -> None:
     """transformers' own way into the folder ``tmp``: every dense tensor and the model in
-    memory at once (the reference :mod:`engine.convert` is tested against)."""
+    memory at once (the reference :mod:`engine.models.convert` is tested against)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

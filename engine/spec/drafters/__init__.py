@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sampling import SamplingParams
+from engine.spec.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Draft:
     lookups). A chain by default; with ``parents`` a tree: ``parents[i]`` is the index of token
     ``i``'s parent in ``tokens`` (always lower), ``-1`` under the pending token. Siblings
     are alternatives in order: in sampling, each drawn from the ``probs`` row they share
-    without the earlier ones (see :func:`engine.acceptance.tree_accept`).
+    without the earlier ones (see :func:`engine.spec.acceptance.tree_accept`).
     """
 
     tokens: tuple[int, ...]

@@ -36,11 +36,11 @@ def check_memory(needed: int, what: str) -> None:
 
 def conversion_bytes(gguf: Path) -> int:
     """About the model data converting ``gguf`` into float32 safetensors holds at once."""
-    from engine.convert import STREAMED
     from engine.cpu.gguf import read_gguf  # numpy memory map of the header and tensors
+    from engine.models.convert import STREAMED
 
     fields, tensors = read_gguf(gguf)
     elements = [int(np.prod(t.shape, dtype=np.int64)) for t in tensors.values()]
-    if fields.get("general.architecture") in STREAMED:  # engine.convert: one at a time
+    if fields.get("general.architecture") in STREAMED:  # engine.models.convert: one at a time
         return int(gguf.stat().st_size + max(elements, default=0) * 4 * STREAM_FACTOR)
     return int(sum(elements) * 4 * CONVERSION_FACTOR)

@@ -1,4 +1,4 @@
-"""Terminal chat against the engine: ``python -m engine.chat``.
+"""Terminal chat against the engine: ``python -m engine.tools.chat``.
 
 Streams each answer as it is generated and prints the speculation statistics after
 it. Commands: ``/method NAME`` switches the drafting method, ``/k N`` the draft
@@ -13,6 +13,7 @@ import threading
 from typing import TextIO
 
 from engine.errors import EngineError
+from engine.models.registry import PROFILES, Progress
 from engine.protocol import (
     ACCELERATIONS,
     METHODS,
@@ -21,9 +22,8 @@ from engine.protocol import (
     SpeculationStats,
     TextChunk,
 )
-from engine.registry import PROFILES, Progress
-from engine.sampling import SamplingParams
-from engine.session import ADAPTIVE, ChatEngine, DraftLength
+from engine.spec.sampling import SamplingParams
+from engine.spec.session import ADAPTIVE, ChatEngine, DraftLength
 
 
 def format_stats(s: SpeculationStats) -> str:
@@ -132,7 +132,7 @@ def draft_length(value: str) -> DraftLength:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m engine.chat", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m engine.tools.chat", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", choices=sorted(PROFILES), default="appliance")
     parser.add_argument("--target", help="named model, model folder or .gguf (overrides profile)")

@@ -1,6 +1,6 @@
 """Replay drafting on recorded greedy answers: what a drafting method would gain, fast.
 
-``python -m engine.replay RESULTS.json`` (a benchmark's JSON file) predicts the speedup
+``python -m engine.tools.replay RESULTS.json`` (a benchmark's JSON file) predicts the speedup
 of drafting methods and settings over plain decoding, per prompt kind, in minutes
 instead of a benchmark run per setting. Use it to tune; claim speed with the benchmark.
 
@@ -36,15 +36,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.bench import KINDS, PROMPTS, forward_costs, load_prompts
-from engine.drafters.draft_model import DRAFT_WINDOW
-from engine.drafters.ngram import ngram_lookup
-from engine.drafters.suffix import SuffixDrafter
-from engine.policy import DraftPolicy
-from engine.registry import PROFILES
-from engine.runner import ModelRunner
-from engine.sampling import SamplingParams
-from engine.session import ChatEngine
+from engine.models.registry import PROFILES
+from engine.spec.drafters.draft_model import DRAFT_WINDOW
+from engine.spec.drafters.ngram import ngram_lookup
+from engine.spec.drafters.suffix import SuffixDrafter
+from engine.spec.policy import DraftPolicy
+from engine.spec.runner import ModelRunner
+from engine.spec.sampling import SamplingParams
+from engine.spec.session import ChatEngine
+from engine.tools.bench import KINDS, PROMPTS, forward_costs, load_prompts
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +243,7 @@ def table(rows: list[tuple[str, dict[str, tuple[float, float]]]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.replay", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m engine.tools.replay", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", type=Path, help="a benchmark's JSON file (with its plain row)")
     parser.add_argument("--min-confidence", default="0.3,0.5,0.8",
