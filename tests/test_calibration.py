@@ -89,6 +89,22 @@ def test_a_cheap_well_accepted_lookup_beats_a_draft_model_that_reads_the_prompt(
                              f"draft model: {draft.speedup:.2f}×")
 
 
+def test_under_load_a_model_drafter_gives_way_to_lookups() -> None:
+    """Alone the hybrid wins on its cheap lookups; beside three other answers it is costed
+    at its draft model's step and prompt reading, which stall them all."""
+    cal = calibration({"ngram": 0.002, "hybrid": 0.002, "draft": 0.28},
+                      {"draft": 0.05, "hybrid": 0.05})
+    observed = Observations()
+    observed.record("ngram", "code", seen(40, 20, asked=40, found=25), 300, 128)
+    observed.record("hybrid", "code", seen(90, 15), 300, 128)
+    parts = {"hybrid": ("suffix", "draft")}
+    alone = predict(cal, observed, ["ngram", "hybrid"], "code", 8, parts=parts)
+    busy = predict(cal, observed, ["ngram", "hybrid"], "code", 8, others=3, parts=parts)
+    assert alone[0].method == "hybrid" and busy[0].method == "ngram"
+    assert busy[0].speedup < alone[-1].speedup  # the gain shrinks under load
+    assert {p.method: p.step for p in busy}["hybrid"] == 0.28
+
+
 def test_auto_keeps_the_best_method_measuring_when_none_is_predicted_faster() -> None:
     """Its adaptive policy switches drafting off where it does not pay; plain decoding
     for good would never correct a calibration measured in a busy moment."""

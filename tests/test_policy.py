@@ -1,6 +1,7 @@
 """Adaptive draft length and automatic switch-off, on synthetic costs."""
 
 import itertools
+from collections.abc import Callable
 
 import pytest
 
@@ -237,3 +238,45 @@ def test_a_probe_that_is_accepted_brings_drafting_back() -> None:
     simulate(policy, 300, accepts=False, step=0.05)
     gammas, _, _ = simulate(policy, 400, accepts=True, step=0.05)
     assert gammas[-20:].count(0) == 0
+
+
+def knee(t1: float, slope: float, knee_rows: int, steep: float) -> Callable[[int], float]:
+    """A pass costs ``t1`` plus ``slope`` per extra row up to ``knee_rows``, then ``steep``
+    per row (the machine turns compute-bound)."""
+    def cost(k: int) -> float:
+        extra = min(k, knee_rows) - 1
+        return t1 * (1 + slope * extra + steep * max(0, k - knee_rows))
+    return cost
+
+
+def test_under_load_the_rows_go_to_drafts_while_they_yield_more_than_others_rows() -> None:
+    cost = knee(0.05, 0.04, 8, 0.9)  # cheap rows up to 8, then nearly a step each
+    alone = choose_gamma(0.7, 0.001, cost, 8)
+    assert alone >= 3  # idle machine: drafts fill the cheap rows
+    assert choose_gamma(0.7, 0.001, cost, 8, others=0) == alone
+    two = choose_gamma(0.7, 0.001, cost, 8, others=2)
+    assert 0 < two < alone  # fewer rows left before the knee
+    assert choose_gamma(0.7, 0.001, cost, 8, others=8) == 0  # busy: every row costs a step
+    # on a machine where rows stay cheap, drafts keep paying however many answers share
+    assert choose_gamma(0.7, 0.001, flat(0.05, 0.03), 8, others=8) > 0
+
+
+def test_a_pass_given_to_the_others_is_not_a_switch_off_and_is_not_timed() -> None:
+    ratios = {k: knee(1.0, 0.04, 4, 1.0)(k) for k in range(2, 17)}
+    policy = DraftPolicy.calibrated(0.05, ratios, 0.001)
+    assert policy.next_gamma(room=100) > 0
+    policy.others = 6
+    assert policy.next_gamma(room=100) == 0
+    assert policy.yielded and not policy.last_off and policy.cooldown == 0
+    t1 = policy.t1
+    policy.update(0, 0, 0.0, 0.5)  # a crowded pass's time is not t(1)
+    assert policy.t1 == t1
+    policy.others = 0
+    assert policy.next_gamma(room=100) > 0  # back to drafting as soon as the load allows
+
+
+def test_the_others_drafts_count_as_rows_of_the_pass() -> None:
+    cost = knee(0.05, 0.04, 8, 0.9)
+    assert choose_gamma(0.7, 0.001, cost, 8, others=1) > 0
+    # the same single other answer, verifying 7 drafts of its own: no cheap rows are left
+    assert choose_gamma(0.7, 0.001, cost, 8, others=1, others_rows=8) == 0

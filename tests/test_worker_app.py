@@ -79,6 +79,9 @@ class FakeEngine:
             raise BadRequestError("fixed draft lengths only")
         return k
 
+    def open_slots(self, count: int) -> int:
+        return 1  # one answer at a time: its gate holds the engine thread
+
     def _words(
         self, n: int, method: str, cancel: threading.Event, start: int = 0
     ) -> Iterator[TextChunk | Completion]:

@@ -30,6 +30,7 @@ PROMPT: list[ChatCompletionMessageParam] = [
 N = 24  # answer tokens in most tests
 CONTEXT = 4096
 LONG = 400  # answer tokens of a held answer: more than any hold lets through
+BATCH = 2  # answers the worker decodes together (--max-batch)
 PERF_LONG = 4000  # answer tokens generated (unheld) while /health's latency is measured
 ISSUE_FIELDS = {
     "method", "enabled", "passes", "drafted", "accepted", "acceptance_rate",
@@ -50,7 +51,7 @@ def worker(tmp_path_factory: pytest.TempPathFactory, hold: Hold) -> Iterator[Wor
     target = save_tiny(tmp / "tiny-llama", max_positions=CONTEXT)
     draft = save_tiny(tmp / "tiny-draft", max_positions=CONTEXT)
     args = ["--profile", "light", "--target", str(target), "--draft", str(draft),
-            "--method", "draft", "--data-dir", str(tmp / "data")]
+            "--method", "draft", "--data-dir", str(tmp / "data"), "--max-batch", str(BATCH)]
     with start_worker(args, tmp, hold) as proc:
         proc.wait_ready()
         yield proc
@@ -279,14 +280,17 @@ def test_speculation_switches_off_under_load_and_back_on(
 ) -> None:
     put_setting(http, enabled=True, method="draft", load_threshold=1)
     with ThreadPoolExecutor(2) as pool, hold.after(1):  # on failure: released, then joined
-        busy = LongStream(http, speculation={"method": "off"})
-        busy.first_content()
+        busy = [LongStream(http, speculation={"method": "off"}) for _ in range(BATCH)]
+        for stream in busy:  # every slot holds an answer that cannot end
+            stream.first_content()
+        until(lambda: health(http)["queue"] == {"waiting": 0, "running": BATCH})
         second = pool.submit(ask, client, 4)  # would wait alone: load 1, not above 1
         until(lambda: health(http)["queue"]["waiting"] == 1)
         third = pool.submit(ask, client, 4)  # would be the second waiting: load 2
         until(lambda: health(http)["queue"]["waiting"] == 2)
         assert health(http)["speculation_load_off"] is True
-        busy.hang_up()
+        for stream in busy:
+            stream.hang_up()
         hold.release()
         kept, dropped = second.result()["speculation"], third.result()["speculation"]
     assert kept["enabled"] and kept["method"] == "draft"

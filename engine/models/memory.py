@@ -44,3 +44,14 @@ def conversion_bytes(gguf: Path) -> int:
     if fields.get("general.architecture") in STREAMED:  # engine.models.convert: one at a time
         return int(gguf.stat().st_size + max(elements, default=0) * 4 * STREAM_FACTOR)
     return int(sum(elements) * 4 * CONVERSION_FACTOR)
+
+
+SLOT_SHARE = 0.5  # of the memory available now that extra answers' caches may take
+
+
+def slots_that_fit(per_slot: int, wanted: int) -> int:
+    """How many of ``wanted`` answers can run together when each extra one needs
+    ``per_slot`` bytes (its caches): at least 1, at most :data:`SLOT_SHARE` of the memory
+    available now for the extra ones."""
+    spare = psutil.virtual_memory().available * SLOT_SHARE
+    return max(1, min(wanted, 1 + int(spare // max(1, per_slot))))

@@ -427,40 +427,49 @@ class Prediction:
 
 
 def pass_speedup(alpha: float, coverage: float, step: float, ratio_at: Callable[[int], float],
-                 max_gamma: int) -> tuple[float, int]:
+                 max_gamma: int, others: int = 0) -> tuple[float, int]:
     """Best speed of adaptive drafting relative to plain (at least 1: the policy drafts
     nothing when nothing pays) and its draft length. Costs are in units of t(1); a pass
     that asks for a draft gets one with chance ``coverage`` (lookups find none at times)
-    and pays ``step`` either way."""
+    and pays ``step`` either way. With ``others`` answers sharing every pass (one row and
+    one token each) it is the whole pass's speed, the drafting time stalling them all."""
+    plain = (others + 1) / ratio_at(others + 1)
     best, best_gamma = 1.0, 0
     for gamma in range(1, max_gamma + 1):
-        tokens = coverage * expected_tokens(alpha, gamma) + (1 - coverage)
-        cost = (coverage * (step * (gamma + alpha**gamma) + ratio_at(gamma + 1))
-                + (1 - coverage) * (1 + step))
-        if tokens / cost > best * 1.02:
-            best, best_gamma = tokens / cost, gamma
+        tokens = others + coverage * expected_tokens(alpha, gamma) + (1 - coverage)
+        cost = (coverage * (step * (gamma + alpha**gamma) + ratio_at(others + gamma + 1))
+                + (1 - coverage) * (ratio_at(others + 1) + step))
+        if tokens / cost / plain > best * 1.02:
+            best, best_gamma = tokens / cost / plain, gamma
     return best, best_gamma
 
 
 def predict(calibration: Calibration, observations: Observations, methods: Iterable[str],
             kind: str | None, max_gamma: int, alpha_prior: float = DraftPolicy.alpha_prior,
+            others: int = 0, parts: Mapping[str, Sequence[str]] | None = None,
             ) -> list[Prediction]:
-    """Predicted speed of each method (``off`` is left out) on ``kind``, best first."""
+    """Predicted speed of each method (``off`` is left out) on ``kind``, best first; with
+    ``others`` answers decoding in the same passes, the speed of all of them together:
+    a drafter's own prompt reading then stalls every one, and a drafter made of
+    ``parts`` (``Drafter.parts``) is costed at its dearest part's step, since any pass
+    may fall to it while the others wait."""
     prompt, answer = observations.typical(kind)
     out = []
     for method in methods:
         if method in ("off", "auto"):
             continue
         step = calibration.step.get(method)
+        if others and parts and parts.get(method):
+            step = max([step or 0.0, *(calibration.step.get(p, 0.0) for p in parts[method])])
         seen = observations.evidence(method, kind)
         a = seen.accepted + alpha_prior
         alpha = a / (a + seen.rejected + 1 - alpha_prior)
         coverage = (seen.found + 1) / (seen.asked + 1)
         read = calibration.read.get(method, 0.0)
         speed, gamma = pass_speedup(alpha, coverage, step or 0.0, calibration.ratio_at,
-                                    max_gamma)
+                                    max_gamma, others)
         # an answer of `answer` tokens, the drafter reading `prompt` new tokens first
-        speedup = answer / (answer / speed + prompt * read)
+        speedup = answer / (answer / speed + prompt * read * (1 + others))
         out.append(Prediction(method, speedup, alpha, coverage, gamma, step, read,
                               seen.accepted + seen.rejected))
     return sorted(out, key=lambda p: -p.speedup)

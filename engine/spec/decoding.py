@@ -29,6 +29,7 @@ import torch
 
 from engine.protocol import SpeculationStats
 from engine.spec.acceptance import greedy_accept, speculative_accept, tree_accept
+from engine.spec.batch import sharing, sharing_rows
 from engine.spec.drafters import EMPTY_DRAFT, Draft, Drafter
 from engine.spec.policy import DraftPolicy
 from engine.spec.runner import ModelRunner
@@ -191,6 +192,8 @@ def decode(
         t0 = time.perf_counter()
         k, auto_off = 0, False
         if drafter is not None and ready:
+            if policy is not None:
+                policy.others, policy.others_rows = sharing(), sharing_rows()
             k = policy.next_gamma(room) if policy else min(num_draft_tokens, room - 1)
             auto_off = policy is not None and policy.last_off
         draft = EMPTY_DRAFT

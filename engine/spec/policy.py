@@ -27,6 +27,12 @@ Calibrated start (:meth:`DraftPolicy.calibrated`): given the machine's measured 
 needs no measuring passes and chooses from its first pass; ``PRIOR_SLOPE`` is then
 never used (it is the prior for ``t(k)`` before anything was measured).
 
+Under load (continuous batching, :mod:`engine.spec.batch`) the loop tells the policy how
+many other answers share the coming pass (``others``); the draft length then maximises
+the whole pass's tokens per second (:func:`choose_gamma`), so the rows go to drafts for
+one user when the machine is idle and to the other users' rows when it is busy. A pass
+given to the others is neither a switch-off nor timed.
+
 Bounded switch-off and probing: besides the slow acceptance estimate (``DECAY``), a fast
 one (``FAST_DECAY``, about the last two passes) is kept, and drafting switches off as
 soon as either predicts plain decoding faster. So a drafter whose drafts all stop being
@@ -91,18 +97,25 @@ def ratio_between(ratios: Mapping[int, float], k: int) -> float | None:
 
 def choose_gamma(
     alpha: float, draft_cost: float, verify_cost: Callable[[int], float], max_gamma: int,
-    fill: float = 1.0,
+    fill: float = 1.0, others: int = 0, others_rows: int | None = None,
 ) -> int:
     """The draft length in ``0..max_gamma`` with the highest expected tokens per second.
 
     ``fill``: the share of the asked length a drafter really drafts (it stops early
     when unsure, a lookup finds fewer): asking ``gamma`` yields ``fill * gamma`` drafts.
+    ``others``: answers whose rows share the pass (continuous batching), at least one
+    token each, ``others_rows`` rows in all (default one each, their drafts included).
+    The rate is then the whole pass's, ``(others + E) / (drafting + t(others_rows + gamma
+    + 1))``: drafts win where the machine is idle and give way to the other answers' rows
+    where the extra verified rows cost more than they yield.
     """
-    best, best_rate = 0, 1.0 / verify_cost(1)
+    rows = others if others_rows is None else others_rows
+    best, best_rate = 0, (others + 1.0) / verify_cost(rows + 1)
     for gamma in range(1, max_gamma + 1):
         drafts = max(1.0, fill * gamma)
         drafting = draft_cost * (drafts + alpha**drafts)  # + the next pass's catch-up step
-        rate = expected_tokens(alpha, drafts) / (drafting + verify_cost(round(drafts) + 1))
+        rate = (others + expected_tokens(alpha, drafts)) / (
+            drafting + verify_cost(rows + round(drafts) + 1))
         if rate > best_rate * 1.02:  # prefer shorter drafts unless clearly better
             best, best_rate = gamma, rate
     return best
@@ -150,6 +163,9 @@ class DraftPolicy:
     fast_rejected: float = 0.0
     probing: bool = False  # the pass being run is a probe
     min_cooldown: int = 0  # the cool-down that keeps probing within PROBE_SHARE (passes)
+    others: int = 0  # answers sharing the coming pass (set by the loop; 0 when alone)
+    others_rows: int = 0  # their rows in it
+    yielded: bool = False  # whether the last next_gamma() gave the pass to the others' rows
 
     @classmethod
     def calibrated(cls, t1: float, ratios: dict[int, float], draft_cost: float | None,
@@ -203,7 +219,7 @@ class DraftPolicy:
     def next_gamma(self, room: int) -> int:
         """Draft length for the next pass (0 = plain), at most ``room - 1``."""
         limit = min(self.max_gamma, room - 1)
-        self.last_off = False
+        self.last_off = self.yielded = False
         self.last_asked = 0
         if limit <= 0:
             return 0
@@ -230,6 +246,14 @@ class DraftPolicy:
         if gamma and not choose_gamma(self.fast_alpha, self.draft_cost, self.verify_cost,
                                       limit, fill):
             gamma = 0  # the last passes say drafting stopped paying
+        if gamma and self.others:
+            # under load the pass's rows may yield more as other answers' rows: no
+            # switch-off, no cool-down, drafting resumes as soon as the load allows
+            gamma = choose_gamma(self.alpha, self.draft_cost, self.verify_cost, gamma, fill,
+                                 self.others, max(self.others, self.others_rows))
+            self.yielded = gamma == 0
+            if self.yielded:
+                return 0
         self.last_asked = gamma
         if gamma == 0:
             self.cooldown = max(self.next_cooldown, self.min_cooldown) - 1
@@ -255,8 +279,10 @@ class DraftPolicy:
     def update(self, drafted: int, accepted: int, draft_s: float, verify_s: float,
                catch_up: int = 0) -> None:
         """Feed one pass's outcome: drafts proposed and kept, their timings, and the
-        context tokens the drafter fed before drafting (``Draft.catch_up``)."""
-        self._measured(drafted + 1, verify_s)
+        context tokens the drafter fed before drafting (``Draft.catch_up``). A pass shared
+        with other answers (``others``) says nothing about ``t(k)`` and is not timed."""
+        if not self.others:
+            self._measured(drafted + 1, verify_s)
         last_yield, self.last_yield = self.last_yield, accepted + 1
         if self.probing and self.t1 is not None and drafted > 0:
             self.min_cooldown = probe_cooldown(self.t1, self.draft_cost or 0.0, drafted,

@@ -32,6 +32,7 @@ from engine.cpu import TREE_ROWS, KVCache, forward_for
 
 PARKED = 4  # other conversations' caches kept by resume
 PARKED_TOKENS = 16384  # positions they may hold together (Qwen 1.5B: 56 KiB each)
+CONTINUING = 16  # a prompt that shares all but this many of a cache's ids continues it
 
 
 def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -67,6 +68,7 @@ class ModelRunner:
         self.cache: KVCache = self.model_forward.new_cache()
         self.hidden: torch.Tensor | None = None  # [len(ids), H] while keeping features
         self.parked: list[Parked] = []  # most recently parked first
+        self.park_limit = PARKED  # caches parked at most
         self.offset = 0  # where in the caller's sequence the cached ids begin (a window)
 
     def __len__(self) -> int:
@@ -95,24 +97,28 @@ class ModelRunner:
 
     def resume(self, ids: Sequence[int]) -> int:
         """Continue from the cache that shares most of ``ids``: the current one or a parked
-        one (they swap). When the winner keeps less than half of the current cache (another
-        conversation, or an earlier message edited), the current one is parked whole and a
-        copy of the shared part continues instead of cutting it down. Returns how many of
-        ``ids`` are cached now; :meth:`sync` feeds the rest."""
+        one. A cache that ``ids`` continue (all but its last :data:`CONTINUING` positions
+        shared: a follow-up question) is taken as it is, a parked one swapping places with
+        the current one. A cache of another conversation (only a system prompt or the chat
+        template shared, or an earlier message edited) is kept whole, parked, and a copy
+        of the shared part continues instead, so that conversation stays cached for when
+        it comes back. Returns how many of ``ids`` are cached now; :meth:`sync` feeds the
+        rest."""
         shared = self.common_prefix(ids)
         shares = [shared_prefix(p.ids, ids) for p in self.parked]
         best = max(range(len(shares)), default=None, key=shares.__getitem__)
         keeping = self.hidden is not None
         if best is not None and shares[best] > shared \
                 and (self.parked[best].hidden is not None or not keeping):
-            self.swap_in(best)
+            chosen = self.parked[best]
+            if shares[best] >= len(chosen.ids) - CONTINUING:
+                self.swap_in(best)
+            else:
+                self._continue_from(chosen, shares[best], keeping)
             return shares[best]
-        if 2 * shared < len(self.ids):
-            copy = self.cache.prefix(shared)
-            ids, hidden = self.ids[:shared], None if self.hidden is None else self.hidden[:shared]
-            self.start_over(self.offset)
-            self.ids, self.cache = ids, copy
-            self.hidden = None if hidden is None else hidden.clone()
+        if shared < len(self.ids) - CONTINUING:
+            self._continue_from(Parked(self.ids, self.cache, self.hidden, self.offset), shared,
+                                keeping)
         return shared
 
     def swap_in(self, index: int) -> None:
@@ -123,6 +129,15 @@ class ModelRunner:
         self._park()
         self.ids, self.cache, self.offset = chosen.ids, chosen.cache, chosen.offset
         self.hidden = chosen.hidden if keeping else None
+
+    def _continue_from(self, parked: Parked, length: int, keeping: bool) -> None:
+        """Park the current cache and continue from a copy of ``parked``'s first
+        ``length`` positions."""
+        copy = parked.cache.prefix(length)
+        hidden = None if not keeping or parked.hidden is None else parked.hidden[:length].clone()
+        self._park()
+        self.ids, self.cache, self.offset = parked.ids[:length], copy, parked.offset
+        self.hidden = hidden
 
     def start_over(self, offset: int) -> None:
         """Park the current cache and start an empty one for ids from ``offset`` on."""
@@ -135,7 +150,8 @@ class ModelRunner:
         """Set the current cache aside (most recent first), dropping the oldest over budget."""
         if self.ids:
             self.parked.insert(0, Parked(self.ids, self.cache, self.hidden, self.offset))
-        while len(self.parked) > PARKED or sum(len(p.ids) for p in self.parked) > PARKED_TOKENS:
+        while len(self.parked) > self.park_limit \
+                or sum(len(p.ids) for p in self.parked) > PARKED_TOKENS:
             self.parked.pop()
 
     def keep_hidden(self, keep: bool) -> None:

@@ -41,7 +41,14 @@ folds what it measured (t(1), t(k)/t(1), the drafter's step cost, its acceptance
 into the calibration, and adaptive policies start from the calibrated figures. An
 explicit method always wins.
 
-A ChatEngine runs one generation at a time; the worker serialises requests.
+A ChatEngine runs one generation at a time, unless it serves in slots: after
+:meth:`ChatEngine.open_slots` up to that many answers run together, each in its own slot
+(``generate(..., slot=i)``, slot 0 being the engine's own runner and drafters), on lanes
+of one :class:`~engine.spec.batch.Batch` whose passes carry all their rows. Each slot
+has its own target cache, drafter caches and adaptive policies; the suffix lookup's
+office memory, the calibration and the pool of parked caches are shared, so a
+conversation cached by any slot is found by all (an answer in slots parks its cache when
+it ends). The lanes take turns, so the engine is still run by one thread at a time.
 """
 
 import copy
@@ -56,6 +63,7 @@ from typing import Any, Literal
 
 from engine.errors import BadRequestError, PromptTooLongError
 from engine.models.loading import LoadedModel, load_pair
+from engine.models.memory import slots_that_fit
 from engine.models.registry import Progress
 from engine.protocol import (
     CACHE_STATES,
@@ -69,6 +77,7 @@ from engine.protocol import (
     PromptProgress,
     TextChunk,
 )
+from engine.spec.batch import batched, sharing
 from engine.spec.calibration import (
     KINDS,
     Calibration,
@@ -93,7 +102,7 @@ from engine.spec.drafters.hybrid import HybridDrafter
 from engine.spec.drafters.ngram import NgramDrafter
 from engine.spec.drafters.suffix import SuffixDrafter
 from engine.spec.policy import DraftPolicy
-from engine.spec.runner import ModelRunner
+from engine.spec.runner import PARKED, ModelRunner
 from engine.spec.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -110,6 +119,7 @@ AUTO = "auto"  # the method predicted fastest on this machine, per answer
 DEFAULT_METHOD = AUTO
 FALLBACK_METHOD = "ngram"  # auto's choice before anything is measured
 CALIBRATION_BUDGET_S = 4.0  # of background measuring at worker start
+SLOT_POSITIONS = 8192  # positions an answer's caches are counted at when sizing the slots
 DraftLength = int | Literal["adaptive"]
 Event = ContextWindow | PromptProgress | TextChunk | Completion
 
@@ -195,6 +205,18 @@ def _emptied(obj: Any, table: Mapping[str, Any], cold_table: Mapping[str, Any]) 
     return twin
 
 
+@dataclass
+class Slot:
+    """What one of several answers running together owns (see the module)."""
+
+    runner: ModelRunner
+    drafters: dict[str, Drafter]
+    policies: dict[str, "DraftPolicy"]
+
+
+SHARED_DRAFTERS = ("suffix",)  # one office memory for every slot
+
+
 def _check_max_tokens(max_tokens: Any) -> None:
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise BadRequestError("max_tokens must be a positive integer")
@@ -270,6 +292,7 @@ class ChatEngine:
         if eagle is not None:
             self.drafters["eagle"] = eagle
         self.policies: dict[str, DraftPolicy] = {}
+        self.slots: list[Slot] = [Slot(self.runner, self.drafters, self.policies)]
         self.calibration: Calibration | None = None
         # what the benchmark saw these models do, until this engine's answers show more
         self.observations = shipped_observations(
@@ -304,8 +327,48 @@ class ChatEngine:
         eagle = eagle_for(self.target, data_dir=self.data_dir)
         if eagle is not None:
             self.drafters["eagle"] = eagle
-            self.policies.pop("eagle", None)  # its measured acceptance was the old head's
+            for slot in self.slots:
+                if slot.drafters is not self.drafters:
+                    slot.drafters["eagle"] = _emptied(eagle, self.drafters, slot.drafters)
+                slot.policies.pop("eagle", None)  # its measured acceptance was the old head's
             self.observations.forget("eagle")
+
+    def slot_bytes(self) -> int:
+        """Memory one more slot's target cache takes at :data:`SLOT_POSITIONS` positions."""
+        config = self.target.model.config
+        heads = int(config.num_attention_heads)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        per_position = int(config.num_hidden_layers) * 2 * kv_heads * head_dim * 4  # float32
+        return per_position * min(SLOT_POSITIONS, int(self.target.max_context))
+
+    def open_slots(self, count: int) -> int:
+        """Serve up to ``count`` answers together from now on (see the module), as many
+        as the memory available now holds (:func:`slots_that_fit`); returns how many
+        slots there are. Idempotent; fewer than before drops the extra slots."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"the number of slots must be a positive integer, not {count!r}")
+        count = slots_that_fit(self.slot_bytes(), count)
+        batched(self.runner)
+        while len(self.slots) < count:
+            table: dict[str, Drafter] = {}
+            for name, drafter in self.drafters.items():
+                table[name] = (drafter if name in SHARED_DRAFTERS
+                               else _emptied(drafter, self.drafters, table))
+            runner = _emptied(self.runner, self.drafters, table)
+            self.slots.append(Slot(runner, table, {}))
+        del self.slots[count:]
+        for slot in self.slots:
+            slot.runner.park_limit = PARKED + count - 1  # every slot's conversation, parked
+        return len(self.slots)
+
+    def _slot(self, index: int) -> Slot:
+        if isinstance(index, bool) or not isinstance(index, int) \
+                or not 0 <= index < len(self.slots):
+            raise BadRequestError(f"slot must be 0 to {len(self.slots) - 1}, not {index!r}")
+        slot = self.slots[index]
+        slot.runner.parked = self.runner.parked  # one pool (a reset may have replaced it)
+        return slot
 
     @property
     def max_adaptive(self) -> int:
@@ -433,12 +496,13 @@ class ChatEngine:
         overflow: str = STOP_AT_LIMIT,
         continue_final: bool = False,
         cache: str = WARM,
+        slot: int = 0,
     ) -> Generator[Event, None, None]:
         """Answer ``messages`` (or continue its last, ``continue_final``): yields a
         :class:`ContextWindow` when a rolling window (``overflow``) left messages out,
         :class:`PromptProgress` while reading a long prompt, then :class:`TextChunk` s,
-        then one :class:`Completion`. ``cache`` is ``"warm"`` or ``"cold"`` (see the
-        module)."""
+        then one :class:`Completion`. ``cache`` is ``"warm"`` or ``"cold"``; ``slot``:
+        which of :meth:`open_slots`' slots runs it (see the module)."""
         _check_max_tokens(max_tokens)
         _check_cache(cache)
         prompt = self.fit(messages, continue_final=continue_final, overflow=overflow,
@@ -448,7 +512,7 @@ class ChatEngine:
         events = self.generate_ids(
             prompt.ids, params, max_tokens=max_tokens, stop=stop, method=method,
             num_draft_tokens=num_draft_tokens, cancel=cancel, answer_prefix=prompt.answer_ids,
-            cache=cache, kind=kind,
+            cache=cache, kind=kind, slot=slot,
         )
         if prompt.dropped_messages:
             return _ahead(ContextWindow(prompt.dropped_messages, len(prompt.ids)), events)
@@ -467,16 +531,18 @@ class ChatEngine:
         answer_prefix: Sequence[int] = (),
         cache: str = WARM,
         kind: str | None = None,
+        slot: int = 0,
     ) -> Generator[Event, None, None]:
         """Like :meth:`generate` for an already tokenized prompt; ``answer_prefix`` are the
         ids at its end that belong to the answer being continued (its text is not sent
         again, and the new text joins it as one detokenization would); ``kind``: the
         question's kind (:func:`engine.spec.calibration.classify`) if known, for ``auto``."""
         _check_cache(cache)
+        seat = self._slot(slot)
         params = params or SamplingParams()
         method = self.check_method(self.method if method is None else method)
         if method == AUTO:
-            self.last_choice = self.choice(kind)
+            self.last_choice = self.choice(kind, sharing())
             method = self.check_method(self.last_choice.method)
         k = self.check_num_draft_tokens(
             self.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
@@ -489,16 +555,17 @@ class ChatEngine:
         if isinstance(stop, str):
             stop = [stop]
         return self._run(list(prompt), params, max_tokens, list(stop), method, k, cancel,
-                         tuple(answer_prefix), cache == COLD, kind)
+                         tuple(answer_prefix), cache == COLD, kind, seat)
 
-    def _policy(self, method: str) -> DraftPolicy:
-        """The method's adaptive policy: costs measured on earlier answers are kept; a new
-        one starts from the calibration's figures when there is one."""
-        if method not in self.policies:
-            self.policies[method] = (
+    def _policy(self, method: str, policies: dict[str, DraftPolicy]) -> DraftPolicy:
+        """The method's adaptive policy in a slot's ``policies``: costs measured on earlier
+        answers are kept; a new one starts from the calibration's figures when there is
+        one."""
+        if method not in policies:
+            policies[method] = (
                 DraftPolicy(max_gamma=self.max_adaptive) if self.calibration is None
                 else self.calibration.policy(method, self.max_adaptive))
-        policy = self.policies[method]
+        policy = policies[method]
         policy.new_answer()
         return policy
 
@@ -530,12 +597,14 @@ class ChatEngine:
         if self._cache is not None:
             self._cache.save(self.calibration_key, self.calibration, self.observations)
 
-    def choice(self, kind: str | None) -> Choice:
-        """The method ``auto`` runs on a question of ``kind`` now, and why."""
+    def choice(self, kind: str | None, others: int = 0) -> Choice:
+        """The method ``auto`` runs on a question of ``kind`` now, and why; ``others``:
+        answers already decoding beside it (continuous batching)."""
         if self.calibration is None:
             return choose((), kind, FALLBACK_METHOD)
         predictions = predict(self.calibration, self.observations, self.drafters, kind,
-                              self.max_adaptive)
+                              self.max_adaptive, others=others,
+                              parts={n: d.parts for n, d in self.drafters.items()})
         return choose(predictions, kind, FALLBACK_METHOD)
 
     def speculation_report(self) -> dict[str, Any]:
@@ -547,8 +616,9 @@ class ChatEngine:
         }
 
     def _learn(self, method: str, kind: str | None, steps: list[Step],
-               prompt_tokens: int, policy: DraftPolicy | None) -> None:
-        """Fold one answer's figures into the observations and the calibration."""
+               prompt_tokens: int, policy: DraftPolicy | None, timed: bool = True) -> None:
+        """Fold one answer's figures into the observations and, if ``timed`` (it ran
+        alone), its timings into the calibration."""
         if method != "off":
             seen = Seen(answers=1.0)
             for i, step in enumerate(steps):
@@ -559,7 +629,7 @@ class ChatEngine:
                                      1.0, float(step.drafted > 0)))
             self.observations.record(method, kind or "chat", seen, prompt_tokens,
                                      sum(len(s.tokens) for s in steps))
-        if self.calibration is not None:
+        if self.calibration is not None and timed:
             if policy is not None and policy.t1 is not None:
                 step_s = {} if policy.draft_cost is None else {method: policy.draft_cost}
                 self.calibration = self.calibration.fold(t1=policy.t1, ratios=policy.ratio,
@@ -570,12 +640,13 @@ class ChatEngine:
                     self.calibration = self.calibration.fold(t1=plain[len(plain) // 2])
         self._save()
 
-    def _cold(self) -> tuple[ModelRunner, dict[str, Drafter]]:
-        """Copies of the target's runner and of the drafter table with every cache empty;
-        the engine's own are untouched (see the module)."""
+    @staticmethod
+    def _cold(slot: Slot) -> tuple[ModelRunner, dict[str, Drafter]]:
+        """Copies of a slot's runner and drafter table with every cache empty; the
+        engine's own are untouched (see the module)."""
         table: dict[str, Drafter] = {}
-        table.update((name, _emptied(d, self.drafters, table)) for name, d in self.drafters.items())
-        return _emptied(self.runner, self.drafters, table), table
+        table.update((name, _emptied(d, slot.drafters, table)) for name, d in slot.drafters.items())
+        return _emptied(slot.runner, slot.drafters, table), table
 
     @staticmethod
     def _read_prompt(runner: ModelRunner, ids: list[int], cancel: threading.Event | None
@@ -608,10 +679,12 @@ class ChatEngine:
         answer_prefix: tuple[int, ...] = (),
         cold: bool = False,
         kind: str | None = None,
+        slot: Slot | None = None,
     ) -> Generator[Event, None, None]:
+        slot = slot or self.slots[0]
         adaptive = k == ADAPTIVE and method != "off"
         recorder = StatsRecorder(method, method != "off", len(prompt), adaptive=adaptive)
-        runner, drafters = self._cold() if cold else (self.runner, self.drafters)
+        runner, drafters = self._cold(slot) if cold else (slot.runner, slot.drafters)
         drafter = drafters.get(method)
         runner.keep_hidden(drafter is not None and drafter.wants_hidden)
         # another conversation's parked cache, if it fits
@@ -623,7 +696,7 @@ class ChatEngine:
             return
         detok = IncrementalDetokenizer(self.target.tokenizer, answer_prefix)
         text = TextAssembler(stop)
-        policy = self._policy(method) if adaptive else None
+        policy = self._policy(method, slot.policies) if adaptive else None
         seen: list[Step] = []
         steps = decode(
             runner, prompt, params=params, max_new_tokens=max_tokens,
@@ -634,7 +707,9 @@ class ChatEngine:
             first_token_first=True,
         )
         finish = "length"
+        crowded = False  # whether other answers shared a pass (its timings are not t(k))
         for step in steps:
+            crowded = crowded or sharing() > 0
             recorder.record(step)
             seen.append(step)
             for token, flag in zip(step.tokens, step.from_draft, strict=True):
@@ -654,5 +729,8 @@ class ChatEngine:
         if isinstance(suffix, SuffixDrafter) and not cold:
             suffix.add_document(detok.ids)
         new_ids = tuple(detok.ids[len(answer_prefix):])
-        self._learn(method, kind, seen, len(prompt) - recorder.cached_tokens, policy)
+        if len(self.slots) > 1 and not cold:
+            runner.start_over(0)  # into the shared pool, for whichever slot is asked next
+        self._learn(method, kind, seen, len(prompt) - recorder.cached_tokens, policy,
+                    timed=not crowded)
         yield Completion(text.text, finish, new_ids, recorder.finish())

@@ -49,6 +49,7 @@ class WorkerConfig:
     user_token: str | None = field(repr=False)
     admin_token: str | None = field(repr=False)
     accel: str = "auto"
+    max_batch: int = 4
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load-threshold", type=int, default=2,
                    help="switch speculation off for new requests when more would wait")
     p.add_argument("--max-queue", type=int, default=64, help="waiting requests before 503")
+    p.add_argument("--max-batch", type=int, default=4,
+                   help="answers decoding together, at most (default 4; fewer where the "
+                        "memory is short; 1 answers one at a time)")
     p.add_argument("--data-dir", help="where converted models are kept")
     p.add_argument("--accel", choices=ACCELERATIONS, default="auto",
                    help="linear-layer kernels (default auto: the GGUF's int4 codes)")
@@ -96,9 +100,12 @@ def make_config(args: argparse.Namespace) -> WorkerConfig:
         check_threshold(args.load_threshold)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    if args.max_batch < 1:
+        raise ConfigError(f"--max-batch must be at least 1, not {args.max_batch}")
     return WorkerConfig(
         args.host, args.port, target, draft, args.method, num_draft_tokens,
         args.load_threshold, args.max_queue, args.data_dir, user, admin, args.accel,
+        args.max_batch,
     )
 
 
@@ -133,7 +140,7 @@ def build_worker(config: WorkerConfig) -> "Worker":
     metrics = Metrics()
     scheduler = Scheduler(held_if_asked(make_loader(config)), settings, metrics,
                           config.max_waiting,
-                          str(data_dir(config.data_dir) / "calibration.json"))
+                          str(data_dir(config.data_dir) / "calibration.json"), config.max_batch)
     learning = HeadLearning(config.target, config.data_dir, scheduler.reload_head)
     return Worker(scheduler, settings, metrics, Auth(config.user_token, config.admin_token),
                   learning)

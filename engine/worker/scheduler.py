@@ -1,33 +1,44 @@
-"""One engine thread: it loads the models, then runs generations one at a time, FIFO.
+"""One engine thread: it loads the models, then serves answers, several at once.
 
 Contract:
 
 * :meth:`Scheduler.start` returns at once. The thread loads the engine (``status``
   says ``loading`` with progress 0-1 and a message, then ``ready``, or ``error`` with
-  the reason) and then serves jobs in arrival order.
+  the reason) and then serves jobs in arrival order, up to ``max_batch`` of them
+  together (continuous batching, :mod:`engine.spec.batch`): each answer runs in a slot
+  of the engine (:meth:`ChatEngine.open_slots`), every target pass carries the rows of
+  all running answers, a new job joins at the next pass (its prompt read in short
+  chunks between the others' passes) and a finished or stopped one leaves at once. An
+  engine without slots (``open_slots`` returns 1) answers one job at a time.
 * :meth:`Scheduler.submit` is called on the event loop and never blocks it. A job's
   events arrive on ``job.events`` through ``loop.call_soon_threadsafe``: a
   :class:`Started` once the request is accepted (prompt encoded and fits), the
   engine's events (``ContextWindow`` when a rolling window left messages out,
   ``PromptProgress`` while it reads a long prompt, ``TextChunk`` s, one ``Completion``),
   or an :class:`EngineError` instead.
-* A job that has to wait gets :class:`Queued` events: how many answers are ahead of it,
-  at once and whenever that number changes (a job served at once gets none).
+* A job that has to wait (every slot busy) gets :class:`Queued` events: how many
+  answers are ahead of it, at once and whenever that number changes (a job served at
+  once gets none).
 * :meth:`Scheduler.abandon` frees a job's slot at once: a waiting job leaves the queue;
   a running one is cancelled through its ``threading.Event``, which the decoding loop
-  checks before every target pass and between chunks of a long prompt.
+  checks before every target pass and between chunks of a long prompt; the others in
+  its batch go on.
 * :meth:`Scheduler.reload_head` asks the thread to swap in a newly installed draft head
-  between two answers (at once when idle), then to publish the methods it now offers;
+  once no answer runs (no new one starts meanwhile), then to publish the methods it
+  now offers;
   the event it returns is set once that is done (or failed, logged; or the worker stops).
 * Once loaded, an engine that offers ``calibrate`` (:meth:`ChatEngine.calibrate`) is
   calibrated in the background: one short slice at a time, only while no answer waits
   or runs, so calibration never slows an answer by more than one slice.
   :attr:`Scheduler.report` then holds the engine's ``speculation_report()`` (the
   calibration and the automatic method's choice), refreshed after every answer.
-* The engine is not thread-safe and is only ever touched from this thread.
+* The engine is not thread-safe. It is touched from this thread, and from the lanes of
+  its batch, which run one at a time while this thread waits.
+* A client that reads slowly stalls nothing: events queue on the event loop.
 """
 
 import asyncio
+import functools
 import logging
 import threading
 from collections import deque
@@ -38,6 +49,7 @@ from typing import Any, Protocol
 from engine.errors import BadRequestError, EngineError
 from engine.models.registry import Progress
 from engine.protocol import Completion, ContextWindow, PromptProgress, TextChunk
+from engine.spec.batch import Batch, Lane
 from engine.worker.metrics import Metrics
 from engine.worker.schema import ChatRequest
 from engine.worker.settings import ADAPTIVE, Decision, DraftLength, SpeculationSettings
@@ -45,6 +57,7 @@ from engine.worker.settings import ADAPTIVE, Decision, DraftLength, SpeculationS
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_WAITING = 64
+DEFAULT_MAX_BATCH = 4  # answers decoding together, at most (fewer where memory is short)
 class Idle:
     """``_next``'s answer when only background calibration is left to do."""
 
@@ -79,11 +92,14 @@ class Engine(Protocol):
 
     def reload_head(self) -> None: ...
 
+    def open_slots(self, count: int) -> int: ...
+
     def generate(
         self, messages: Any, params: Any = None, *, max_tokens: int = 512,
         stop: Sequence[str] = (), method: str | None = None,
         num_draft_tokens: Any = None, cancel: threading.Event | None = None,
         overflow: str = "stop", continue_final: bool = False, cache: str = "warm",
+        slot: int = 0,
     ) -> Iterator[ContextWindow | PromptProgress | TextChunk | Completion]: ...
 
 
@@ -122,6 +138,8 @@ class Job:
     events: "asyncio.Queue[JobEvent]" = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
     ahead: int = 0  # the last position announced with Queued
+    slot: int = -1  # the engine's slot while it runs
+    lane: Lane | None = None  # its lane of the batch while it runs
 
     def emit(self, event: JobEvent) -> None:
         """Hand ``event`` to the event loop (from the engine thread)."""
@@ -141,7 +159,7 @@ class LoadedModelInfo:
 
 
 class Scheduler:
-    """The FIFO queue and the single thread that owns the engine."""
+    """The FIFO queue, the batch of running answers and the thread that owns the engine."""
 
     def __init__(
         self,
@@ -150,7 +168,11 @@ class Scheduler:
         metrics: Metrics,
         max_waiting: int = DEFAULT_MAX_WAITING,
         calibration_cache: str | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
     ) -> None:
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be a positive integer, not {max_batch!r}")
+        self.max_batch = max_batch  # the engine's slots once loaded (open_slots)
         self.loader = loader
         self.calibration_cache = calibration_cache
         self.report: dict[str, Any] = {}  # the engine's speculation_report(), when it has one
@@ -165,7 +187,8 @@ class Scheduler:
         self._queue: deque[Job] = deque()
         self._chores: deque[Callable[[Engine], None]] = deque()
         self._swaps: list[threading.Event] = []  # reload_head's, until their chore ran
-        self._running: Job | None = None
+        self._running: list[Job] = []
+        self._finished_since = False  # an answer left since the last report
         self._stopping = False
         self._thread = threading.Thread(target=self._main, name="anve-engine", daemon=True)
         metrics.bind_queue(lambda: self.waiting, lambda: self.running)
@@ -178,12 +201,12 @@ class Scheduler:
 
     @property
     def running(self) -> int:
-        return int(self._running is not None)
+        return len(self._running)
 
     def load(self) -> int:
         """How many requests would wait if one more arrived now (itself included)."""
         with self._cond:
-            busy = self._running is not None or bool(self._queue)
+            busy = len(self._running) >= self.max_batch or bool(self._queue)
             return len(self._queue) + 1 if busy else 0
 
     def start(self) -> None:
@@ -214,11 +237,14 @@ class Scheduler:
     def _announce_positions(self) -> None:
         """Tell each waiting job how many answers are ahead of it, when that changed
         (called with the lock held)."""
-        running = int(self._running is not None)
+        # the first jobs take the free slots at the next pass (nothing ahead of them);
+        # the others wait behind every running answer and the jobs before them
+        running, free = len(self._running), self.max_batch - len(self._running)
         for i, job in enumerate(self._queue):
-            if job.ahead != i + running:
-                job.ahead = i + running
-                job.emit(Queued(job.ahead))
+            ahead = running + i if i >= free else 0
+            if job.ahead != ahead:
+                job.ahead = ahead
+                job.emit(Queued(ahead))
 
     def reload_head(self) -> threading.Event:
         """Swap in the target's installed draft head before the next answer; the event is
@@ -250,7 +276,7 @@ class Scheduler:
     def stop(self, timeout: float = 5.0) -> None:
         with self._cond:
             self._stopping = True
-            for job in [*self._queue, *([self._running] if self._running else [])]:
+            for job in [*self._queue, *self._running]:
                 job.cancel.set()
             self._queue.clear()
             for swapped in self._swaps:  # their chores will not run: nobody waits forever
@@ -268,16 +294,49 @@ class Scheduler:
         while (work := self._next()) is not None:
             if isinstance(work, Idle):
                 self._idle_slice(engine)
-                continue
-            if not isinstance(work, Job):
+            elif isinstance(work, Batch):
+                self._serve(engine, work)
+            else:
                 self._chore(engine, work)
-                continue
-            try:
-                self._run(engine, work)
-            finally:
-                with self._cond:
-                    self._running = None
+
+    def _serve(self, engine: Engine, batch: Batch) -> None:
+        """Run passes until no answer is left: jobs join at each pass while a slot is free
+        and no chore waits for the engine."""
+        while True:
+            with self._cond:
+                self._admit(engine, batch)
+                if not len(batch):
+                    return
+            rows = batch.step()
+            if rows:
+                self.metrics.observe_pass(batch.last_answers)
+            with self._cond:
+                done = [job for job in self._running if job.lane is None or job.lane.done]
+                for job in done:  # the next _admit announces the new places
+                    self._leave(job)
+                finished, self._finished_since = self._finished_since, False
+            if finished:
                 self._report(engine)
+
+    def _leave(self, job: Job) -> None:
+        """``job`` no longer holds a slot (called with the lock held)."""
+        if job in self._running:
+            self._running.remove(job)
+            self._finished_since = True
+
+    def _admit(self, engine: Engine, batch: Batch) -> None:
+        """Start waiting jobs in free slots (called with the lock held)."""
+        while self._queue and len(self._running) < self.max_batch and not self._chores \
+                and not self._stopping:
+            job = self._queue.popleft()
+            if job.cancel.is_set():
+                continue
+            busy = {j.slot for j in self._running}
+            job.slot = min(s for s in range(self.max_batch) if s not in busy)
+            self._running.append(job)
+            job.lane = batch.add(functools.partial(self._run, engine, job),
+                                 f"anve-answer-{job.slot}")
+        self._announce_positions()
 
     def _idle_slice(self, engine: Engine) -> None:
         """One slice of the background calibration; report once it is done."""
@@ -335,6 +394,7 @@ class Scheduler:
         for model in self.models:
             self.metrics.model_memory.labels(model.role, model.id).set(model.memory_bytes)
         self._bind(engine)
+        self.max_batch = engine.open_slots(self.max_batch)
         calibrate = getattr(engine, "calibrate", None)
         if calibrate is not None:
             self._idle, self.calibrating = iter(calibrate(self.calibration_cache)), True
@@ -343,7 +403,7 @@ class Scheduler:
         log.info("models ready: %s", ", ".join(m.id for m in self.models))
         return engine
 
-    def _next(self) -> "Job | Callable[[Engine], None] | Idle | None":
+    def _next(self) -> "Batch | Callable[[Engine], None] | Idle | None":
         with self._cond:
             while (not self._queue and not self._chores and not self._stopping
                    and self._idle is None):
@@ -354,11 +414,10 @@ class Scheduler:
                 return self._chores.popleft()
             if not self._queue:
                 return IDLE
-            self._running = self._queue.popleft()
-            self._announce_positions()
-            return self._running
+            return Batch()
 
     def _run(self, engine: Engine, job: Job) -> None:
+        """One answer, on its lane of the batch."""
         if job.cancel.is_set():
             return
         decision, request = job.decision, job.request
@@ -369,11 +428,16 @@ class Scheduler:
                 stop=request.stop, method=decision.method, num_draft_tokens=k,
                 cancel=job.cancel, overflow=request.context_overflow,
                 continue_final=request.continue_final, cache=request.cache,
+                slot=job.slot,
             )
             job.emit(Started(k))
             for event in events:
                 if isinstance(event, Completion):
                     self._finished(event)
+                    with self._cond:  # its slot is free before its client hears it is done
+                        self._leave(job)
+                elif isinstance(event, TextChunk) and event.token_ids:
+                    self.metrics.observe_tokens(len(event.token_ids))
                 job.emit(event)
         except EngineError as exc:
             job.emit(exc)

@@ -179,6 +179,7 @@ async def health(request: web.Request) -> web.Response:
         "progress": status.progress,
         "message": status.message,
         "queue": {"waiting": scheduler.waiting, "running": scheduler.running},
+        "batch": worker.metrics.batch_report(scheduler.max_batch, scheduler.running),
         "speculation_load_off": scheduler.load() > worker.settings.config.load_threshold,
         "models": [m.id for m in scheduler.models],
         "kernels": kernels.report(),

@@ -19,6 +19,9 @@ decoding loop uses, each with a default, so the loop never probes for one:
   counts as prompt processing and not as the cost of drafting a token, which the adaptive
   policy weighs. ``prefill`` is idempotent; the default does nothing.
 * ``reset()`` forgets whatever the drafter cached (default: nothing to forget).
+* ``parts`` (default none) names the engine's other drafters this one drafts with, one
+  of them each pass (the hybrid: the lookup, else the draft model), so a pass may cost
+  what its dearest part costs.
 * A drafter with a model of its own reports in ``Draft.catch_up`` how many context tokens
   it fed that model before its first draft step: 1 or 2 when it drafted the pass before,
   more after passes it sat out. The adaptive policy measures the cost of a draft step only
@@ -86,6 +89,7 @@ class Drafter:
     name: str = "drafter"
     wants_hidden: bool = False  # the loop hands over the target's features
     reads_prompt: bool = False  # prefill reads the prompt into a model of its own
+    parts: tuple[str, ...] = ()  # the engine's drafters it drafts with, pass by pass
 
     def propose(
         self,

@@ -27,6 +27,7 @@ class HybridDrafter(Drafter):
     """Drafts with the suffix lookup when it matches, else with the draft model."""
 
     name = "hybrid"
+    parts = (LOOKUP, MODEL)
 
     def __init__(self, drafters: Mapping[str, Drafter], min_lookup: int = 2) -> None:
         if min_lookup < 1:
