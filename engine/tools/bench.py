@@ -31,6 +31,10 @@ kernel's GMAC/s on a 1536x8960 matrix at 1, 2, 4, 8 and 16 rows
 reading ms/token (:func:`variant_costs`). ``python -m engine.bench --kernels-only``
 runs that A/B alone.
 
+``--concurrency 1,2,4`` runs the load benchmark instead (:mod:`engine.tools.load`):
+several answers at once through the worker's scheduler, speculation off and on, total
+and per-answer tokens per second, time to first token, identical answers.
+
 ``--observations-out FILE`` writes what the answers showed per method and kind (from an
 empty start) in the format ``assets/calibration/`` ships: a fresh engine starts its
 ``auto`` choice from it (:func:`engine.spec.calibration.shipped_observations`). The ``auto``
@@ -77,6 +81,7 @@ from engine.spec.calibration import PRIOR_FORMAT, Observations
 from engine.spec.drafters.suffix import SuffixDrafter
 from engine.spec.runner import ModelRunner
 from engine.spec.session import ADAPTIVE, AUTO, ChatEngine, DraftLength
+from engine.tools.load import load_markdown, parse_levels, run_load
 
 log = logging.getLogger(__name__)
 
@@ -708,11 +713,40 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="also write what the rows' answers showed per method and kind "
                              "(from an empty start), as assets/calibration/ ships it")
     parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--concurrency", default=None,
+                        help="answers at once, e.g. 1,2,4: run the load benchmark instead")
     return parser.parse_args(argv)
+
+
+def load_bench(engine: ChatEngine, args: argparse.Namespace, profile: str) -> int:
+    """``--concurrency``: the load benchmark, one prompt per kind (see the module)."""
+    levels = parse_levels(args.concurrency)
+    prompts = [p["prompt"] for p in load_prompts(PROMPTS, 1)]
+    data = run_load(engine, prompts, levels, args.max_tokens)
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(), "profile": profile,
+            "target": engine.target.name, "draft": None if engine.draft is None
+            else engine.draft.name, "kernels": kernels.variant(),
+            "plan_summary": engine.runner.model_forward.plan.summary(),
+            "max_tokens": args.max_tokens}
+    table = (f"Load benchmark {meta['date']} · {meta['machine']} · {profile} · kernels "
+             f"{meta['kernels']} · {args.max_tokens} new tokens\n\n" + load_markdown(data))
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"load-{profile}-{time.strftime('%Y%m%d-%H%M')}"
+    stem.with_suffix(".md").write_text(table)
+    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, **data}, indent=1))
+    sys.stdout.write(table)
+    log.info("wrote %s.json and .md", stem)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.concurrency is not None:
+        try:
+            parse_levels(args.concurrency)
+        except ValueError as exc:
+            sys.stderr.write(f"error: {exc}\n")
+            return 2
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     profile = args.profile or ("light" if args.quick else "appliance")
     per_kind = args.per_kind or (1 if args.quick else 4)
@@ -744,6 +778,8 @@ def main(argv: list[str] | None = None) -> int:
         stem.with_suffix(".json").write_text(json.dumps({"running": running, **ab}, indent=1))
         sys.stdout.write(table)
         return 0
+    if args.concurrency is not None:
+        return load_bench(engine, args, profile)
     k = args.k or min(4, engine.max_adaptive)
     specs = row_specs(engine, k, args.max_tokens, others if args.variants else ())
     if args.stock:
