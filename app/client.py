@@ -116,6 +116,25 @@ def describe_plan(plan: Any) -> str:
     return "; ".join(parts)
 
 
+def describe_batch(batch: Any) -> str:
+    """A ``/health`` ``batch`` entry in words ("" when the worker sent none), e.g. "up to 4
+    answers together; 2 in the last pass; 31.0 tok/s in total, 14.2 per answer"."""
+    if not isinstance(batch, dict) or not isinstance(batch.get("slots"), int):
+        return ""
+    slots = batch["slots"]
+    parts = [f"up to {slots} answers together" if slots > 1 else "one answer at a time"]
+    last = batch.get("last_pass_answers")
+    if isinstance(last, int) and last > 0:
+        parts.append(f"{last} in the last pass")
+    total, each = batch.get("tokens_per_second"), batch.get("answer_tokens_per_second")
+    if isinstance(total, int | float) and total > 0:
+        speed = f"{total:.1f} tok/s in total"
+        if isinstance(each, int | float):
+            speed += f", {each:.1f} per answer"
+        parts.append(speed)
+    return "; ".join(parts)
+
+
 @dataclass(frozen=True)
 class Health:
     """The worker as the window should describe it."""
@@ -129,6 +148,7 @@ class Health:
     engine: EngineInfo | None = None  # what the URL serves, once detected
     kernels: str = ""  # our worker's CPU kernels in words (describe_kernels)
     forward: str = ""  # how the target's forward runs, in words (describe_plan)
+    batch: str = ""  # answers decoding together, in words (describe_batch)
 
     @property
     def ready(self) -> bool:
@@ -424,6 +444,7 @@ class WorkerClient(QObject):
             models=tuple(body.get("models") or ()), url=url, engine=self.engine,
             kernels=describe_kernels(body.get("kernels")),
             forward=describe_plan((body.get("plans") or {}).get("target")),
+            batch=describe_batch(body.get("batch")),
         )
 
     async def _foreign_health(self, url: str, engine: EngineInfo) -> Health:

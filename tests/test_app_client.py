@@ -18,6 +18,7 @@ from app.client import (
     AnswerRequest,
     AnswerResult,
     WorkerClient,
+    describe_batch,
     describe_kernels,
     describe_plan,
 )
@@ -165,3 +166,14 @@ def test_a_forward_plan_reads_as_words() -> None:
     assert describe_plan(reference).startswith(
         "torch reference (the native kernels do not run here): 14 dense layers")
     assert describe_plan(None) == "" and describe_plan([1]) == ""
+
+
+def test_answers_decoding_together_read_as_words() -> None:
+    busy = {"slots": 4, "running": 2, "last_pass_answers": 2, "tokens_per_second": 31.04,
+            "answer_tokens_per_second": 14.2}
+    assert describe_batch(busy) == (
+        "up to 4 answers together; 2 in the last pass; 31.0 tok/s in total, 14.2 per answer")
+    idle = {"slots": 1, "running": 0, "last_pass_answers": 0, "tokens_per_second": 0.0,
+            "answer_tokens_per_second": None}
+    assert describe_batch(idle) == "one answer at a time"
+    assert describe_batch(None) == "" and describe_batch({"slots": "4"}) == ""
