@@ -108,7 +108,7 @@ def test_head_cache_after_rollbacks_equals_a_fresh_head() -> None:
     a = used.propose(context, 4, SamplingParams(), gen)
     b = fresh.propose(context, 4, SamplingParams(), gen)
     assert a.tokens == b.tokens and len(a) == 4
-    assert len(used.cache) == len(context) - 1
+    assert len(used.kv.cache) == len(used.kv) == len(context) - 1
 
 
 @pytest.mark.parametrize("draft_vocab", [5, 3])
@@ -191,7 +191,7 @@ def test_the_head_catches_up_with_the_prompt_before_the_first_pass() -> None:
     runner.keep_hidden(True)
     runner.sync(prompt[:-1])
     prefill_drafter(drafter, runner, prompt)
-    assert len(drafter.cache) == len(prompt) - 2  # all but the last feature
+    assert len(drafter.kv.cache) == len(drafter.kv) == len(prompt) - 2  # all but the last feature
     warm = drafter.propose(prompt, 3, SamplingParams(), torch.Generator())
     assert warm.catch_up == 1  # only the last position was left to feed
     fresh = EagleDrafter(drafter.head, target, min_confidence=0.0)

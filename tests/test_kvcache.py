@@ -1,5 +1,6 @@
-"""The engine's KV cache grows in place, crops and keeps a tree's path; the runner parks
-the caches of other conversations and resumes them."""
+"""The engine's KV cache grows in place, crops and keeps a tree's path; a prefix cache
+follows its ids (entries lagging by 0 or 1); the runner parks the caches of other
+conversations and resumes them."""
 
 import pytest
 import torch
@@ -7,7 +8,7 @@ from transformers import DynamicCache
 
 from engine.cpu import forward as forward_mod
 from engine.cpu.forward import MIN_CAPACITY, KVCache, LayerCache
-from engine.spec.runner import ModelRunner
+from engine.spec.runner import ModelRunner, PrefixCache
 from tests.tiny import tiny_model
 
 
@@ -79,6 +80,29 @@ def counting(runner: ModelRunner) -> list[int]:
     forward = runner.forward
     runner.forward = lambda ids, rows=1: fed.append(len(ids)) or forward(ids, rows)  # type: ignore[method-assign]
     return fed
+
+
+class Entries(list[int]):
+    """A stand-in cache: one item an entry."""
+
+    def crop(self, length: int) -> None:
+        del self[length:]
+
+
+@pytest.mark.parametrize("lag", [0, 1])
+def test_a_prefix_cache_keeps_the_entries_a_new_sequence_shares(lag: int) -> None:
+    ids = [5, 6, 7, 8, 9]
+    kept = PrefixCache(Entries(range(len(ids) - lag)), lag)
+    kept.ids = list(ids)
+    assert len(kept) == len(ids) - lag
+    assert kept.reusable(ids + [10]) == len(ids) - lag  # a continuation keeps them all
+    edited = [5, 6, 7, 0, 9]
+    assert kept.reusable(edited) == 3 - lag  # an entry needs its ids and `lag` more
+    kept.truncate(kept.reusable(edited))
+    assert len(kept.cache) == 3 - lag and kept.ids == ids[:3] and len(kept) == 3 - lag
+    assert kept.reusable([1, 2]) == 0
+    kept.truncate(0)
+    assert (kept.ids, list(kept.cache), len(kept)) == ([], [], 0)
 
 
 def test_resume_swaps_in_the_parked_cache_of_a_conversation_that_comes_back() -> None:

@@ -422,10 +422,10 @@ def test_a_cold_eagle_run_leaves_the_heads_cache_and_the_targets_features(
     _, warm = answer(engine, DEMO, method="eagle", max_tokens=12)
     eagle = engine.drafters["eagle"]
     assert isinstance(eagle, EagleDrafter)
-    kept = (list(engine.runner.ids), engine.runner.hidden, list(eagle.covered), eagle.cache)
+    kept = (list(engine.runner.ids), engine.runner.hidden, list(eagle.kv.ids), eagle.kv.cache)
     _, cold = answer(engine, DEMO, method="eagle", max_tokens=12, cache="cold")
     assert cold.stats.cached_tokens == 0 and cold.token_ids == warm.token_ids
-    assert engine.runner.hidden is kept[1] and eagle.cache is kept[3]
-    assert (list(engine.runner.ids), list(eagle.covered)) == (kept[0], kept[2])
+    assert engine.runner.hidden is kept[1] and eagle.kv.cache is kept[3]
+    assert (list(engine.runner.ids), list(eagle.kv.ids)) == (kept[0], kept[2])
     _, again = answer(engine, DEMO, method="eagle", max_tokens=12)
     assert again.stats.cached_tokens == len(engine.encode(DEMO)) - 1

@@ -622,7 +622,7 @@ def _measure(args: argparse.Namespace, target: Any) -> int:
 
     def head_layer() -> None:
         eagle._step(x, [context[-1]])
-        eagle._crop(len(context) - 2)
+        eagle.kv.truncate(len(context) - 2)
 
     cases["eagle head layer"] = head_layer
     with torch.inference_mode():

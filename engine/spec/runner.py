@@ -6,6 +6,10 @@ The runner is the only place the decoding core runs a model: it drives the model
 holds, so callers roll back by cropping (``truncate``) and reuse a shared prefix
 (``sync``) instead of ever slicing cache tensors by hand. The engine knows only token ids.
 
+Keeping a cache in step with a shared prefix is :class:`PrefixCache`'s one job: the
+target's and the draft model's runners are prefix caches, and so is an EAGLE head's cache
+(whose entries lag its ids by one).
+
 Every position is computed the same way however the ids reach the cache: the forward
 computes each row independently of the others in its step (the row promise of
 :mod:`engine.cpu.forward`), so a prompt read whole, read after a cached prefix or a parked
@@ -54,7 +58,42 @@ class Parked:
     offset: int = 0  # where in its conversation the cached ids begin
 
 
-class ModelRunner:
+class PrefixCache:
+    """A cache kept in step with the token ids it was computed from.
+
+    Entry ``i`` of ``cache`` (anything with ``len`` and ``crop(n)``, such as a
+    :class:`~engine.cpu.forward.KVCache`) depends on ``ids[: i + 1 + lag]``: ``lag`` is 0
+    for a model's own cache, whose entry ``i`` is position ``i``, and 1 for an EAGLE head's,
+    whose entry ``i`` also reads the token after position ``i``. So the cache holds
+    ``len(ids) - lag`` entries (none without ids). For a new sequence, :meth:`reusable`
+    says how many entries still hold and :meth:`truncate` drops the rest.
+    """
+
+    def __init__(self, cache: Any, lag: int = 0) -> None:
+        self.ids: list[int] = []
+        self.cache = cache
+        self.lag = lag
+
+    def __len__(self) -> int:
+        """Entries the cache holds."""
+        return max(0, len(self.ids) - self.lag)
+
+    def common_prefix(self, ids: Sequence[int]) -> int:
+        """Length of the longest shared prefix of the cached ids and ``ids``."""
+        return shared_prefix(self.ids, ids)
+
+    def reusable(self, ids: Sequence[int]) -> int:
+        """Entries that hold for a sequence starting with ``ids``."""
+        return max(0, self.common_prefix(ids) - self.lag)
+
+    def truncate(self, entries: int) -> None:
+        """Drop the entries beyond ``entries``, and the ids only they depended on."""
+        if entries < len(self.cache):
+            self.cache.crop(entries)
+        del self.ids[entries + self.lag if entries else 0 :]
+
+
+class ModelRunner(PrefixCache):
     """Incremental forward passes over a growing (and croppable) token sequence."""
 
     tree_rows = TREE_ROWS  # rows one verification step holds, a draft tree's included
@@ -64,25 +103,16 @@ class ModelRunner:
         # the forward pass (with lm_head in place of the model's own, e.g. a drafter's
         # short output layer); UnsupportedModelError for a model it does not compute
         self.model_forward = forward_for(model, lm_head)
-        self.ids: list[int] = []
-        self.cache: KVCache = self.model_forward.new_cache()
+        super().__init__(self.model_forward.new_cache())
+        self.cache: KVCache
         self.hidden: torch.Tensor | None = None  # [len(ids), H] while keeping features
         self.parked: list[Parked] = []  # most recently parked first
         self.park_limit = PARKED  # caches parked at most
         self.offset = 0  # where in the caller's sequence the cached ids begin (a window)
 
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def common_prefix(self, ids: Sequence[int]) -> int:
-        """Length of the longest shared prefix of the cached ids and ``ids``."""
-        return shared_prefix(self.ids, ids)
-
     def truncate(self, length: int) -> None:
-        """Drop cached positions beyond ``length`` (rollback by cropping)."""
-        if length < len(self.ids):
-            self.cache.crop(length)
-            del self.ids[length:]
+        """Drop cached positions beyond ``length`` (rollback by cropping), features too."""
+        super().truncate(length)
         if self.hidden is not None:
             self.hidden = self.hidden[: len(self.ids)]
 
@@ -99,9 +129,9 @@ class ModelRunner:
         """Continue from the cache that shares most of ``ids``: the current one or a parked
         one. A cache that ``ids`` continue (all but its last :data:`CONTINUING` positions
         shared: a follow-up question) is taken as it is, a parked one swapping places with
-        the current one. A cache of another conversation (only a system prompt or the chat
-        template shared, or an earlier message edited) is kept whole, parked, and a copy
-        of the shared part continues instead, so that conversation stays cached for when
+        the current one. A cache of another conversation (nothing shared, only a system
+        prompt or the chat template, or an earlier message edited) is kept whole, parked,
+        and a copy of the shared part continues instead, so that conversation stays cached for when
         it comes back. Returns how many of ``ids`` are cached now; :meth:`sync` feeds the
         rest."""
         shared = self.common_prefix(ids)
@@ -116,7 +146,7 @@ class ModelRunner:
             else:
                 self._continue_from(chosen, shares[best], keeping)
             return shares[best]
-        if shared < len(self.ids) - CONTINUING:
+        if shared < len(self.ids) - CONTINUING or (self.ids and not shared):
             self._continue_from(Parked(self.ids, self.cache, self.hidden, self.offset), shared,
                                 keeping)
         return shared

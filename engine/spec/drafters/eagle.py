@@ -4,8 +4,8 @@ The head reads the target's final normed hidden state ``f_i`` (kept by the runne
 during verification: no extra target forward) and the embedding of the token that
 followed it, predicts the next feature, and the target's own ``lm_head`` module turns
 that into logits. The head keeps its own KV cache with one entry per context position
-whose target feature is known; each ``propose`` crops it to the prefix still shared
-with the context, feeds the new positions, then drafts up to ``k`` tokens by feeding
+whose target feature is known (a :class:`~engine.spec.runner.PrefixCache`, as the
+target's); each ``propose`` crops it to the prefix still shared with the context, feeds the new positions, then drafts up to ``k`` tokens by feeding
 its own predicted features, and finally crops those draft entries away again (they are
 replaced by the target's real features after verification). Greedy drafts are the
 argmax (``probs=None``); sampled drafts return the distributions ``q`` they came from,
@@ -39,6 +39,7 @@ from engine.models.loading import LoadedModel
 from engine.spec.drafters import EMPTY_DRAFT, Draft, Drafter
 from engine.spec.drafters.tree import Level, branch, choose
 from engine.spec.drafters.vocab import draft_head
+from engine.spec.runner import PrefixCache
 from engine.spec.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,8 @@ class EagleDrafter(Drafter):
         self.min_confidence = min_confidence
         self.branches, self.min_branch = branches, min_branch  # tree drafting (tree.py)
         self.features: torch.Tensor | None = None  # [len(context) - 1, H] from the target
-        self.cache = self.stack.new_cache()
-        self.covered: list[int] = []  # context prefix behind the cached entries (entries + 1)
+        # entry i: feature i with the token after it, so the ids run one ahead of the entries
+        self.kv = PrefixCache(self.stack.new_cache(), lag=1)
 
     def observe_hidden(self, features: torch.Tensor | None) -> None:
         """The target's features of ``context[:-1]`` (``[len(context) - 1, H]``)."""
@@ -75,27 +76,13 @@ class EagleDrafter(Drafter):
 
 
     def reset(self) -> None:
-        self.cache = self.stack.new_cache()
-        self.covered = []
-
-    def _entries(self) -> int:
-        return max(0, len(self.covered) - 1)
-
-    def _crop(self, entries: int) -> None:
-        if entries < len(self.cache):
-            self.cache.crop(entries)
-        self.covered = self.covered[: entries + 1] if entries else []
-
-    def _shared_entries(self, context: Sequence[int]) -> int:
-        n = min(len(self.covered), len(context))
-        same = next((i for i in range(n) if self.covered[i] != context[i]), n)
-        return max(0, same - 1)
+        self.kv = PrefixCache(self.stack.new_cache(), lag=1)
 
     def _step(self, features: torch.Tensor, ids: Sequence[int]) -> torch.Tensor:
         """Feed entries ``(features [T, H], ids [T])``; return the last predicted feature."""
         embeds = self.embed(torch.tensor(list(ids), dtype=torch.long))  # [T, H]
         f, e = features.to(self.dtype), embeds.to(self.dtype)  # [T, H] each
-        out = self.stack(self.head.fc(torch.cat([f, e], dim=-1)), self.cache)  # [T, H]
+        out = self.stack(self.head.fc(torch.cat([f, e], dim=-1)), self.kv.cache)  # [T, H]
         return out[-1:].to(features.dtype)  # [1, H]
 
     @torch.inference_mode()
@@ -105,11 +92,11 @@ class EagleDrafter(Drafter):
         features = self.features
         if real < 2 or features is None or features.shape[0] < real:
             return
-        keep = min(self._shared_entries(context), real - 1)
-        self._crop(keep)
+        keep = min(self.kv.reusable(context), real - 1)
+        self.kv.truncate(keep)
         if keep < real - 1:
             self._step(features[keep : real - 1], context[keep + 1 : real])
-        self.covered = list(context[:real])
+        self.kv.ids = list(context[:real])
 
     @torch.inference_mode()
     def propose(
@@ -119,12 +106,12 @@ class EagleDrafter(Drafter):
         features = self.features
         if k <= 0 or real < 1 or features is None or features.shape[0] < real:
             return EMPTY_DRAFT
-        keep = min(self._shared_entries(context), real - 1)
-        self._crop(keep)
+        keep = min(self.kv.reusable(context), real - 1)
+        self.kv.truncate(keep)
         feature = self._step(features[keep:real], context[keep + 1 : real + 1])  # [1, H]
-        self.covered = list(context)
+        self.kv.ids = list(context)
         draft = self._draft(feature, k, params, generator, len(context))
-        self._crop(real)
+        self.kv.truncate(real)  # the draft steps' entries go
         return replace(draft, catch_up=real - keep)
 
     def _draft(
