@@ -74,8 +74,10 @@ def check_gathered(layer: nn.Module, exact: bool, hidden: int = HIDDEN) -> None:
 
 def test_a_dense_head_keeps_the_frequent_and_named_ids() -> None:
     torch.manual_seed(1)
+    # torch's float product of fewer rows may take another BLAS path: same rows, maybe
+    # not the same bits (they differ on an AVX2 EPYC)
     check(nn.Linear(HIDDEN, VOCAB, bias=True), exact=False)
-    check_gathered(nn.Linear(HIDDEN, VOCAB, bias=True), exact=True)
+    check_gathered(nn.Linear(HIDDEN, VOCAB, bias=True), exact=False)
 
 
 def quantized(kind: str) -> tuple[nn.Module, int]:
