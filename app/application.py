@@ -8,7 +8,8 @@ a partial answer is kept as interrupted by the chat controller, whose note then 
 worker stopped and was restarted) and stops it on close.
 Choosing a server or the local worker in Admin switches at once (:meth:`use_server`,
 :meth:`use_local_worker`). :meth:`start` needs the qasync loop running;
-:meth:`shutdown` is a coroutine.
+:meth:`shutdown` is a coroutine. From start to shutdown Python's garbage collector runs
+on the Qt thread only (:mod:`app.collector`).
 """
 
 import gc
@@ -20,6 +21,7 @@ from PySide6.QtCore import QObject
 
 from app.answer import AnswerStats
 from app.client import AnswerResult, WorkerClient
+from app.collector import QtThreadCollector
 from app.controllers.admin import AdminController
 from app.controllers.chat import ChatController
 from app.controllers.demo import DemoController
@@ -58,6 +60,7 @@ class AnveApp(QObject):
         self.window = MainWindow(self.chat, self.demo, self.admin, self.client, self.answers,
                                  prompts)
         self.lag = LagMeter()
+        self.collector = QtThreadCollector(self)  # cycles die on the Qt thread only
         self._closed = False
         self._tasks = TaskSet(lambda what, exc: self.window.show_worker_problem(
             f"{what} failed: {exc}"))
@@ -134,6 +137,7 @@ class AnveApp(QObject):
         self.demo.load()
         self.admin.load()
         self.lag.start()
+        self.collector.start()
         gc.freeze()  # start-up objects live for good: full collections need not rescan them
 
     async def shutdown(self) -> None:
@@ -151,3 +155,4 @@ class AnveApp(QObject):
         if self.launcher is not None:
             self.launcher.stop()
         self.db.close()
+        self.collector.stop()
