@@ -514,7 +514,7 @@ def fmt(value: Any, spec: str) -> str:
 
 def markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
-        f"Benchmark {meta['date']} · {meta['machine']} · target {meta['target']}"
+        f"Benchmark {meta['date']} · {header(meta)} · target {meta['target']}"
         + (f" + draft {meta['draft']}" if meta["draft"] else "")
         + f" · {meta['prompts']} prompts · ≤{meta['max_tokens']} new tokens · greedy"
         + f" · linear layers {meta['accel']}"
@@ -674,6 +674,26 @@ def machine() -> str:
     return f"{cpu}, {torch.get_num_threads()} threads, {gib:.0f} GiB, torch {torch.__version__}"
 
 
+def simd_flags() -> list[str]:
+    """This CPU's flags among those the kernel variants use or a note names (lscpu's)."""
+    named = {"avx512_bf16", "avx512_fp16", "amx_bf16"}
+    return sorted(kernels.cpu_flags() & set().union(named, *(v.cpu for v in kernels.VARIANTS)))
+
+
+def run_meta(profile: str, argv: list[str] | None) -> dict[str, Any]:
+    """What every run's JSON and Markdown header say of it: when, where and how."""
+    args = sys.argv[1:] if argv is None else argv
+    return {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(),
+            "cpu_flags": simd_flags(), "profile": profile,
+            "command": " ".join(["python -m engine.bench", *args])}
+
+
+def header(meta: dict[str, Any]) -> str:
+    """``meta``'s machine, SIMD flags and command, for a Markdown header."""
+    return (f"{meta['machine']} ({' '.join(meta.get('cpu_flags') or ()) or 'no SIMD flags read'})"
+            + (f" · `{meta['command']}`" if meta.get("command") else ""))
+
+
 def write_observations(path: Path, engine: ChatEngine, models: list[str | None],
                        specs: list[RowSpec], prompts: int) -> None:
     """What the run's answers showed per method and kind (:mod:`engine.spec.calibration`'s
@@ -718,17 +738,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def load_bench(engine: ChatEngine, args: argparse.Namespace, profile: str) -> int:
+def load_bench(engine: ChatEngine, args: argparse.Namespace, profile: str,
+               argv: list[str] | None = None) -> int:
     """``--concurrency``: the load benchmark, one prompt per kind (see the module)."""
     levels = parse_levels(args.concurrency)
     prompts = [p["prompt"] for p in load_prompts(PROMPTS, 1)]
     data = run_load(engine, prompts, levels, args.max_tokens)
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(), "profile": profile,
-            "target": engine.target.name, "draft": None if engine.draft is None
-            else engine.draft.name, "kernels": kernels.variant(),
+    meta = {**run_meta(profile, argv), "target": engine.target.name,
+            "draft": None if engine.draft is None else engine.draft.name,
+            "kernels": kernels.variant(),
             "plan_summary": engine.runner.model_forward.plan.summary(),
             "max_tokens": args.max_tokens}
-    table = (f"Load benchmark {meta['date']} · {meta['machine']} · {profile} · kernels "
+    table = (f"Load benchmark {meta['date']} · {header(meta)} · {profile} · kernels "
              f"{meta['kernels']} · {args.max_tokens} new tokens\n\n" + load_markdown(data))
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"load-{profile}-{time.strftime('%Y%m%d-%H%M')}"
@@ -771,15 +792,17 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         args.out.mkdir(parents=True, exist_ok=True)
         stem = args.out / f"kernels-{profile}-{time.strftime('%Y%m%d-%H%M')}"
-        table = (f"Kernel variants {time.strftime('%Y-%m-%d %H:%M')} · {machine()} · "
+        meta = run_meta(profile, argv)
+        table = (f"Kernel variants {meta['date']} · {header(meta)} · "
                  f"running {running} · CPU flags for: {', '.join(kernels.supported())}\n\n"
                  + variants_markdown(ab["kernel_gmac_s"], ab["models"]))
         stem.with_suffix(".md").write_text(table)
-        stem.with_suffix(".json").write_text(json.dumps({"running": running, **ab}, indent=1))
+        stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "running": running, **ab},
+                                                        indent=1))
         sys.stdout.write(table)
         return 0
     if args.concurrency is not None:
-        return load_bench(engine, args, profile)
+        return load_bench(engine, args, profile, argv)
     k = args.k or min(4, engine.max_adaptive)
     specs = row_specs(engine, k, args.max_tokens, others if args.variants else ())
     if args.stock:
@@ -802,8 +825,8 @@ def main(argv: list[str] | None = None) -> int:
     weights = weight_bytes_per_token(engine.target.model)
     plain_tps = next(r["tokens_per_s"] for r in summary if r["kind"] == "overall")
     meta = {
-        "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(), "profile": profile,
-        "target": target, "draft": draft, "dtype": args.dtype, "prompts": len(prompts),
+        **run_meta(profile, argv), "target": target, "draft": draft, "dtype": args.dtype,
+        "prompts": len(prompts),
         "accel": engine.target.accel, "fixed_k": k, "kernels": running,
         "plan": engine.runner.model_forward.plan.to_dict(),
         "plan_summary": engine.runner.model_forward.plan.summary(),

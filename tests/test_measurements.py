@@ -1,0 +1,65 @@
+"""docs/measurements.md's index of runs is generated from docs/bench/*.json and kept in
+step with them (engine/tools/measurements.py)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engine.tools import measurements
+from engine.tools.measurements import BEGIN, END, MeasurementsError, render, runs
+
+DOC = f"# Measurements\n\nhand-written\n\n{BEGIN}\nold\n{END}\n\n## Dated notes\n"
+
+
+def load_run(folder: Path, name: str, identical: bool = True) -> None:
+    meta = {"date": "2026-12-02 05:00", "machine": "AMD EPYC, 2 threads",
+            "cpu_flags": ["avx2", "fma"], "command": "python -m engine.bench --concurrency 1,4"}
+    levels = [{"concurrency": c, "mode": m, "total_tokens_per_s": t, "vs_one_plain": r,
+               "worst_first_token_s": f, "identical": identical}
+              for c, m, t, r, f in [(1, "off", 10.0, 1.0, 0.2), (4, "on", 31.5, 3.15, 0.9)]]
+    (folder / name).write_text(json.dumps({"meta": meta, "slots": 4, "levels": levels}))
+
+
+def test_the_docs_index_is_up_to_date_with_the_shipped_runs() -> None:
+    assert measurements.main(["--check"]) == 0, (
+        "docs/measurements.md is out of date: run python -m engine.tools.measurements")
+
+
+def test_a_run_becomes_one_line_between_the_markers_and_the_rest_stays(tmp_path: Path) -> None:
+    load_run(tmp_path, "load-appliance-20261202-0500.json", identical=False)
+    (tmp_path / "notes.json").write_text("{}")  # not a run: left out
+    out = render(DOC, tmp_path)
+    assert out.startswith("# Measurements\n\nhand-written\n") and out.endswith("## Dated notes\n")
+    body = out[out.index(BEGIN) + len(BEGIN): out.index(END)].strip().splitlines()
+    assert len(body) == 1
+    line = body[0]
+    assert "several answers at once" in line and "AMD EPYC, 2 threads (avx2 fma)" in line
+    assert "`python -m engine.bench --concurrency 1,4`" in line
+    assert "4 on: 31.5 tok/s (3.15× one plain), first token ≤ 0.90 s, NOT identical" in line
+    assert "(bench/load-appliance-20261202-0500.md)" in line
+    assert render(out, tmp_path) == out  # regenerating changes nothing
+
+
+def test_check_fails_on_a_stale_index_and_writing_fixes_it(tmp_path: Path) -> None:
+    doc = tmp_path / "measurements.md"
+    doc.write_text(DOC)
+    load_run(tmp_path, "load-light-20261202-0501.json")
+    args = ["--docs", str(doc), "--runs", str(tmp_path)]
+    assert measurements.main([*args, "--check"]) == 1 and doc.read_text() == DOC
+    assert measurements.main(args) == 0
+    assert measurements.main([*args, "--check"]) == 0 and "31.5 tok/s" in doc.read_text()
+
+
+def test_bad_inputs_say_what_is_wrong_and_write_nothing(tmp_path: Path) -> None:
+    with pytest.raises(MeasurementsError, match="lacks the markers"):
+        render("# no markers\n", tmp_path)
+    with pytest.raises(MeasurementsError, match="no runs folder"):
+        runs(tmp_path / "missing")
+    (tmp_path / "bench-x.json").write_text("{not json")
+    with pytest.raises(MeasurementsError, match="bench-x.json: not a benchmark run"):
+        runs(tmp_path)
+    doc = tmp_path / "m.md"
+    doc.write_text(DOC)
+    assert measurements.main(["--docs", str(doc), "--runs", str(tmp_path)]) == 2
+    assert doc.read_text() == DOC
