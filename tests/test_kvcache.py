@@ -95,7 +95,7 @@ def test_a_prefix_cache_keeps_the_entries_a_new_sequence_shares(lag: int) -> Non
     kept = PrefixCache(Entries(range(len(ids) - lag)), lag)
     kept.ids = list(ids)
     assert len(kept) == len(ids) - lag
-    assert kept.reusable(ids + [10]) == len(ids) - lag  # a continuation keeps them all
+    assert kept.reusable([*ids, 10]) == len(ids) - lag  # a continuation keeps them all
     edited = [5, 6, 7, 0, 9]
     assert kept.reusable(edited) == 3 - lag  # an entry needs its ids and `lag` more
     kept.truncate(kept.reusable(edited))

@@ -57,7 +57,7 @@ def test_bad_inputs_say_what_is_wrong_and_write_nothing(tmp_path: Path) -> None:
     with pytest.raises(MeasurementsError, match="no runs folder"):
         runs(tmp_path / "missing")
     (tmp_path / "bench-x.json").write_text("{not json")
-    with pytest.raises(MeasurementsError, match="bench-x.json: not a benchmark run"):
+    with pytest.raises(MeasurementsError, match=r"bench-x\.json: not a benchmark run"):
         runs(tmp_path)
     doc = tmp_path / "m.md"
     doc.write_text(DOC)

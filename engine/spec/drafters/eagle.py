@@ -5,8 +5,9 @@ during verification: no extra target forward) and the embedding of the token tha
 followed it, predicts the next feature, and the target's own ``lm_head`` module turns
 that into logits. The head keeps its own KV cache with one entry per context position
 whose target feature is known (a :class:`~engine.spec.runner.PrefixCache`, as the
-target's); each ``propose`` crops it to the prefix still shared with the context, feeds the new positions, then drafts up to ``k`` tokens by feeding
-its own predicted features, and finally crops those draft entries away again (they are
+target's); each ``propose`` crops it to the prefix still shared with the context,
+feeds the new positions, then drafts up to ``k`` tokens by feeding its own predicted
+features, and finally crops those draft entries away again (they are
 replaced by the target's real features after verification). Greedy drafts are the
 argmax (``probs=None``); sampled drafts return the distributions ``q`` they came from,
 processed like the target's, so acceptance stays lossless. Drafting stops early after
