@@ -105,6 +105,22 @@ def test_under_load_a_model_drafter_gives_way_to_lookups() -> None:
     assert {p.method: p.step for p in busy}["hybrid"] == 0.28
 
 
+def test_a_head_whose_cached_prompt_lacks_features_pays_for_reading_it_again() -> None:
+    """EAGLE wins on a prompt cached with features; when the target would read a cached
+    prompt again to get them, that reading (at a 16-row pass's cost per token) counts."""
+    cal = calibration({"ngram": 0.002, "eagle": 0.08}, {"eagle": 0.01})
+    observed = Observations()
+    observed.record("ngram", "chat", seen(30, 30, asked=40, found=15), 200, 128)
+    observed.record("eagle", "chat", seen(80, 40), 200, 128)
+    kept = predict(cal, observed, ["ngram", "eagle"], "chat", 8)
+    again = predict(cal, observed, ["ngram", "eagle"], "chat", 8, rereads={"eagle": 250})
+    assert kept[0].method == "eagle" and again[0].method == "ngram"
+    eagle = {p.method: p for p in kept}["eagle"]
+    slower = {p.method: p for p in again}["eagle"]
+    per_token = cal.ratio_at(16) / 16
+    assert 128 / slower.speedup == pytest.approx(128 / eagle.speedup + 250 * per_token)
+
+
 def test_auto_keeps_the_best_method_measuring_when_none_is_predicted_faster() -> None:
     """Its adaptive policy switches drafting off where it does not pay; plain decoding
     for good would never correct a calibration measured in a busy moment."""

@@ -157,6 +157,18 @@ def test_a_parked_cache_without_features_is_not_resumed_while_features_are_kept(
     assert runner.resume([*a, 31]) == 0 and runner.ids == []
 
 
+def test_cached_says_what_resume_would_find_with_and_without_features() -> None:
+    runner = ModelRunner(tiny_model("llama", vocab_size=64, seed=1))
+    a, b = [3, *range(10, 20)], [4, *range(10, 20)]
+    runner.sync(a)  # no features
+    assert runner.cached([*a, 7], False) == len(a) and runner.cached([*a, 7], True) == 0
+    runner.keep_hidden(True)  # parks a
+    runner.sync(b)  # with features
+    assert runner.cached([*b, 7], True) == runner.cached([*b, 7], False) == len(b)
+    assert runner.cached([*a, 7], True) == 0 and runner.cached([*a, 7], False) == len(a)
+    assert runner.resume([*a, 7]) == runner.cached([*a, 7], True)
+
+
 def test_an_edited_earlier_message_continues_from_a_copy_and_keeps_the_old_branch() -> None:
     model = tiny_model("llama", vocab_size=64, seed=1)
     runner, fresh = ModelRunner(model), ModelRunner(model)

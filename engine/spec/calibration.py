@@ -447,12 +447,15 @@ def pass_speedup(alpha: float, coverage: float, step: float, ratio_at: Callable[
 def predict(calibration: Calibration, observations: Observations, methods: Iterable[str],
             kind: str | None, max_gamma: int, alpha_prior: float = DraftPolicy.alpha_prior,
             others: int = 0, parts: Mapping[str, Sequence[str]] | None = None,
-            ) -> list[Prediction]:
+            rereads: Mapping[str, int] | None = None) -> list[Prediction]:
     """Predicted speed of each method (``off`` is left out) on ``kind``, best first; with
     ``others`` answers decoding in the same passes, the speed of all of them together:
     a drafter's own prompt reading then stalls every one, and a drafter made of
     ``parts`` (``Drafter.parts``) is costed at its dearest part's step, since any pass
-    may fall to it while the others wait."""
+    may fall to it while the others wait. ``rereads``: prompt tokens the target would
+    read again for a method (an EAGLE head needs features its cached prompt lacks),
+    each at a 16-row pass's cost per row."""
+    target_read = calibration.ratio_at(16) / 16  # one prompt token, in t(1)
     prompt, answer = observations.typical(kind)
     out = []
     for method in methods:
@@ -469,7 +472,9 @@ def predict(calibration: Calibration, observations: Observations, methods: Itera
         speed, gamma = pass_speedup(alpha, coverage, step or 0.0, calibration.ratio_at,
                                     max_gamma, others)
         # an answer of `answer` tokens, the drafter reading `prompt` new tokens first
-        speedup = answer / (answer / speed + prompt * read * (1 + others))
+        # (and the target reading the prompt again where the method needs it)
+        reading = prompt * read + (rereads or {}).get(method, 0) * target_read
+        speedup = answer / (answer / speed + reading * (1 + others))
         out.append(Prediction(method, speedup, alpha, coverage, gamma, step, read,
                               seen.accepted + seen.rejected))
     return sorted(out, key=lambda p: -p.speedup)

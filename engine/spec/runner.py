@@ -151,6 +151,13 @@ class ModelRunner(PrefixCache):
                                 keeping)
         return shared
 
+    def cached(self, ids: Sequence[int], features: bool) -> int:
+        """How many of ``ids`` :meth:`resume` would find cached, with features kept
+        (``features``: only caches that hold them count) or not."""
+        own = self.common_prefix(ids) if not features or self.hidden is not None else 0
+        return max([own, *(shared_prefix(p.ids, ids) for p in self.parked
+                           if not features or p.hidden is not None)])
+
     def swap_in(self, index: int) -> None:
         """Continue from parked cache ``index``; the current one is parked in its place.
         Its features come along only while features are kept (it must have them then)."""

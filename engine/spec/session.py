@@ -542,7 +542,11 @@ class ChatEngine:
         params = params or SamplingParams()
         method = self.check_method(self.method if method is None else method)
         if method == AUTO:
-            self.last_choice = self.choice(kind, sharing())
+            runner = seat.runner
+            rereads = {} if cache == COLD else {  # a warm cache may lack the head's features
+                name: runner.cached(prompt[:-1], False) - runner.cached(prompt[:-1], True)
+                for name, drafter in seat.drafters.items() if drafter.wants_hidden}
+            self.last_choice = self.choice(kind, sharing(), rereads)
             method = self.check_method(self.last_choice.method)
         k = self.check_num_draft_tokens(
             self.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
@@ -597,14 +601,18 @@ class ChatEngine:
         if self._cache is not None:
             self._cache.save(self.calibration_key, self.calibration, self.observations)
 
-    def choice(self, kind: str | None, others: int = 0) -> Choice:
+    def choice(self, kind: str | None, others: int = 0,
+               rereads: Mapping[str, int] | None = None) -> Choice:
         """The method ``auto`` runs on a question of ``kind`` now, and why; ``others``:
-        answers already decoding beside it (continuous batching)."""
+        answers already decoding beside it (continuous batching); ``rereads``: prompt
+        tokens the target would read again per method (cached without the features an
+        EAGLE head needs)."""
         if self.calibration is None:
             return choose((), kind, FALLBACK_METHOD)
         predictions = predict(self.calibration, self.observations, self.drafters, kind,
                               self.max_adaptive, others=others,
-                              parts={n: d.parts for n, d in self.drafters.items()})
+                              parts={n: d.parts for n, d in self.drafters.items()},
+                              rereads=rereads)
         return choose(predictions, kind, FALLBACK_METHOD)
 
     def speculation_report(self) -> dict[str, Any]:
