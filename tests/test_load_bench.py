@@ -27,7 +27,7 @@ def test_every_level_answers_as_alone_off_and_on() -> None:
     assert levels[1, "off"]["methods"] == ["off"]
     assert set(levels[2, "on"]["methods"]) <= {*engine.methods, "off"}  # auto's choices
     for row in data["levels"]:
-        assert row["answers"] == len(PROMPTS)  # every prompt at least once
+        assert row["answers"] == max(len(PROMPTS), 2 * row["concurrency"])  # two rounds or more
         assert row["identical"], row
         assert all(first is not None and first > 0 for first in row["first_token_s"])
         assert row["prompt_tokens_cached"] > 0.5  # each prompt was read once before timing

@@ -9,10 +9,12 @@ prompt is answered once before anything is timed, so as in an office where staff
 back to their conversations, the prompts are cached.
 
 Per concurrency and mode: total tokens per second (all answers' tokens over the rounds'
-wall time), the ratio to one answer's plain tokens per second (the ``c = 1``, off
-figure of the same run), each answer's own tokens per second and its time to the first
-token from its submission, the passes that served several answers, and whether every
-answer's token ids equal the plain answer served alone. Greedy, as the benchmark.
+wall time; at least two rounds per level, the two modes taking turns round by round
+in ABBA order, each round starting with an empty suffix memory), the ratio to one
+answer's plain tokens per second (the ``c = 1``, off figure of the same run), each
+answer's own tokens per second and its time to the first token from its submission, the
+passes that served several answers, and whether every answer's token ids equal the plain
+answer served alone. Greedy, as the benchmark.
 """
 
 import asyncio
@@ -112,20 +114,24 @@ async def _levels(engine: ChatEngine, scheduler: Scheduler,
         plain.append((await _answer(scheduler, messages, MODES["off"], max_tokens)).tokens)
     out = []
     for concurrency in levels:
-        count = max(len(prompts), concurrency)  # every prompt at least once
-        for mode, decision in MODES.items():
-            forget_answers(engine)
-            level = Level(concurrency, mode)
-            for start in range(0, count, concurrency):
-                picked = [i % len(prompts) for i in range(start, min(start + concurrency, count))]
+        count = max(len(prompts), 2 * concurrency)  # every prompt, and two rounds at least
+        both = {mode: Level(concurrency, mode) for mode in MODES}
+        for round_, start in enumerate(range(0, count, concurrency)):
+            picked = [i % len(prompts) for i in range(start, min(start + concurrency, count))]
+            # the modes take turns round by round, in ABBA order, so a machine whose speed
+            # drifts during the level slows both alike
+            order = list(MODES) if round_ % 2 == 0 else list(reversed(MODES))
+            for mode in order:
+                forget_answers(engine)  # nothing drafts from the other mode's answers
+                level = both[mode]
                 began = time.perf_counter()
                 answers = await asyncio.gather(*(
-                    _answer(scheduler, prompts[i], decision, max_tokens) for i in picked))
+                    _answer(scheduler, prompts[i], MODES[mode], max_tokens) for i in picked))
                 level.wall_s += time.perf_counter() - began
                 level.answers += answers
                 level.identical &= all(a.tokens == plain[i]
                                        for a, i in zip(answers, picked, strict=True))
-            out.append(level)
+        out += both.values()
     return out
 
 
