@@ -25,6 +25,7 @@ from engine.spec.calibration import (
 )
 from engine.spec.drafters.ngram import NgramDrafter
 from engine.spec.drafters.suffix import SuffixDrafter
+from engine.spec.runner import ModelRunner
 from engine.spec.session import ChatEngine
 from engine.tools import bench
 from tests.tiny import tiny_loaded, tiny_model
@@ -179,11 +180,35 @@ def test_measuring_runs_in_slices_and_covers_every_size_and_drafter() -> None:
         slices += 1
     assert slices > 2  # a forward a slice
     assert isinstance(cal, Calibration) and cal.key == "key"
-    assert sorted(cal.ratios) == [2]  # no budget: t(1) and t(2), then it stops
+    assert sorted(cal.ratios) == [2, 4, 8, 16]  # no budget: 1, 2, 4, 8 and 16 rows only
     whole = measure(target, drafters, "key", budget_s=1e9, clock=TickClock(), max_rounds=1)
     assert sum(1 for _ in whole) > MAX_K  # a round of every size, a forward a slice
     assert cal.ratios[2] == pytest.approx(1.0)  # every forward takes one tick here
     assert set(cal.step) == {"ngram", "suffix"} and cal.read == {}
+
+
+def test_a_slow_context_read_leaves_the_budget_to_the_measuring(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a slow machine reading the context took most of the budget, so t(4..16) were
+    extrapolated from t(1) and t(2); the budget now starts once the context is read."""
+    clock = TickClock()
+    sync = ModelRunner.sync
+
+    def slow_sync(runner: ModelRunner, ids: list[int]) -> object:
+        clock.now += 100.0  # far beyond the budget
+        return sync(runner, ids)
+
+    monkeypatch.setattr(ModelRunner, "sync", slow_sync)
+    work = measure(tiny_model("llama", vocab_size=64, seed=1), {}, "key", budget_s=1.0,
+                   clock=clock, max_rounds=1)
+    while True:
+        try:
+            next(work)
+        except StopIteration as done:
+            cal = done.value
+            break
+    assert sorted(cal.ratios) == list(range(2, MAX_K + 1))  # a whole round fitted
 
 
 def test_the_cache_keeps_entries_by_machine_and_models(tmp_path: Path) -> None:
