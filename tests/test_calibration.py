@@ -20,6 +20,7 @@ from engine.spec.calibration import (
     choose,
     classify,
     measure,
+    parts_step,
     predict,
     shipped_observations,
 )
@@ -91,12 +92,14 @@ def test_a_cheap_well_accepted_lookup_beats_a_draft_model_that_reads_the_prompt(
 
 
 def test_under_load_a_model_drafter_gives_way_to_lookups() -> None:
-    """Alone the hybrid wins on its cheap lookups; beside three other answers it is costed
-    at its draft model's step and prompt reading, which stall them all."""
-    cal = calibration({"ngram": 0.002, "hybrid": 0.002, "draft": 0.28},
+    """Alone the hybrid wins on its cheap lookups (which find a draft in most passes of
+    this kind); beside three other answers it is costed at its draft model's step and
+    prompt reading, which stall them all."""
+    cal = calibration({"ngram": 0.002, "suffix": 0.002, "hybrid": 0.002, "draft": 0.28},
                       {"draft": 0.05, "hybrid": 0.05})
     observed = Observations()
     observed.record("ngram", "code", seen(40, 20, asked=40, found=25), 300, 128)
+    observed.record("suffix", "code", seen(60, 20, asked=40, found=38), 300, 128)
     observed.record("hybrid", "code", seen(90, 15), 300, 128)
     parts = {"hybrid": ("suffix", "draft")}
     alone = predict(cal, observed, ["ngram", "hybrid"], "code", 8, parts=parts)
@@ -120,6 +123,23 @@ def test_a_head_whose_cached_prompt_lacks_features_pays_for_reading_it_again() -
     slower = {p.method: p for p in again}["eagle"]
     per_token = cal.ratio_at(16) / 16
     assert 128 / slower.speedup == pytest.approx(128 / eagle.speedup + 250 * per_token)
+
+
+def test_a_hybrid_alone_costs_its_draft_model_where_its_lookup_finds_nothing() -> None:
+    """Calibration measures the hybrid on repetitive text, where its lookup always finds a
+    draft (a step of 0.002 here); on chat the lookup found a draft in a quarter of its
+    passes, so three passes in four cost the draft model's step."""
+    cal = calibration({"suffix": 0.002, "draft": 0.28, "hybrid": 0.002})
+    observed = Observations()
+    observed.record("suffix", "chat", seen(10, 10, asked=80, found=20), 200, 128)
+    observed.record("hybrid", "chat", seen(80, 20), 200, 128)
+    parts = ("suffix", "draft")
+    found = 21 / 82  # with a prior of one pass found and one not
+    alone = parts_step(cal, observed, parts, "chat", 0.002)
+    assert alone == pytest.approx(found * 0.002 + (1 - found) * 0.28)
+    assert parts_step(cal, observed, parts, "chat", 0.002, others=2) == 0.28
+    hybrid = predict(cal, observed, ["hybrid"], "chat", 8, parts={"hybrid": parts})[0]
+    assert hybrid.step == pytest.approx(alone)
 
 
 def test_auto_keeps_the_best_method_measuring_when_none_is_predicted_faster() -> None:

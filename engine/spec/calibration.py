@@ -448,6 +448,25 @@ def pass_speedup(alpha: float, coverage: float, step: float, ratio_at: Callable[
     return best, best_gamma
 
 
+def parts_step(calibration: Calibration, observations: Observations, parts: Sequence[str],
+               kind: str | None, own: float | None, others: int = 0) -> float:
+    """The draft step cost of a drafter made of ``parts`` (the first tried first, the
+    last where it finds nothing: the hybrid's lookup, then its draft model).
+
+    Its own measured step (``own``) is no guide: measuring drafts on a repetitive text,
+    where the lookup always finds one. Alone, a pass costs the first part's step where
+    that part found a draft as often as it did when it ran on its own on this kind
+    (its observed coverage), else the dearest part's. Beside ``others`` answers any pass
+    may fall to the dearest part while they wait, so that is its cost."""
+    steps = [calibration.step.get(p, 0.0) for p in parts]
+    dearest = max([own or 0.0, *steps])
+    if others or len(parts) < 2:
+        return dearest
+    seen = observations.evidence(parts[0], kind)
+    found = (seen.found + 1) / (seen.asked + 2)  # a prior of one pass found, one not
+    return found * steps[0] + (1 - found) * dearest
+
+
 def predict(calibration: Calibration, observations: Observations, methods: Iterable[str],
             kind: str | None, max_gamma: int, alpha_prior: float = DraftPolicy.alpha_prior,
             others: int = 0, parts: Mapping[str, Sequence[str]] | None = None,
@@ -455,10 +474,9 @@ def predict(calibration: Calibration, observations: Observations, methods: Itera
     """Predicted speed of each method (``off`` is left out) on ``kind``, best first; with
     ``others`` answers decoding in the same passes, the speed of all of them together:
     a drafter's own prompt reading then stalls every one, and a drafter made of
-    ``parts`` (``Drafter.parts``) is costed at its dearest part's step, since any pass
-    may fall to it while the others wait. ``rereads``: prompt tokens the target would
-    read again for a method (an EAGLE head needs features its cached prompt lacks),
-    each at a 16-row pass's cost per row."""
+    ``parts`` (``Drafter.parts``) is costed as :func:`parts_step` says. ``rereads``:
+    prompt tokens the target would read again for a method (an EAGLE head needs features
+    its cached prompt lacks), each at a 16-row pass's cost per row."""
     target_read = calibration.ratio_at(16) / 16  # one prompt token, in t(1)
     prompt, answer = observations.typical(kind)
     out = []
@@ -466,8 +484,8 @@ def predict(calibration: Calibration, observations: Observations, methods: Itera
         if method in ("off", "auto"):
             continue
         step = calibration.step.get(method)
-        if others and parts and parts.get(method):
-            step = max([step or 0.0, *(calibration.step.get(p, 0.0) for p in parts[method])])
+        if parts and parts.get(method):
+            step = parts_step(calibration, observations, parts[method], kind, step, others)
         seen = observations.evidence(method, kind)
         a = seen.accepted + alpha_prior
         alpha = a / (a + seen.rejected + 1 - alpha_prior)
