@@ -112,7 +112,7 @@ async def _levels(engine: ChatEngine, scheduler: Scheduler,
     plain: list[tuple[int, ...]] = []
     for messages in prompts:  # cache every prompt; the answers alone are the reference
         plain.append((await _answer(scheduler, messages, MODES["off"], max_tokens)).tokens)
-    out = []
+    out: list[Level] = []
     for concurrency in levels:
         count = max(len(prompts), 2 * concurrency)  # every prompt, and two rounds at least
         both = {mode: Level(concurrency, mode) for mode in MODES}
