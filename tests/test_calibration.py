@@ -2,6 +2,7 @@
 costs, a test clock; nothing here is timed)."""
 
 import json
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
@@ -186,18 +187,21 @@ class TickClock:
         return self.now
 
 
-def test_measuring_runs_in_slices_and_covers_every_size_and_drafter() -> None:
-    target = tiny_model("llama", vocab_size=64, seed=1)
-    drafters = {"ngram": NgramDrafter(), "suffix": SuffixDrafter([])}
-    work = measure(target, drafters, "key", budget_s=0.0, clock=TickClock())
+def measured(work: Generator[None, None, Calibration]) -> tuple[Calibration, int]:
+    """Run :func:`measure`'s slices to the end: its calibration and how many slices."""
     slices = 0
     while True:
         try:
             next(work)
         except StopIteration as done:
-            cal = done.value
-            break
+            return done.value, slices
         slices += 1
+
+
+def test_measuring_runs_in_slices_and_covers_every_size_and_drafter() -> None:
+    target = tiny_model("llama", vocab_size=64, seed=1)
+    drafters = {"ngram": NgramDrafter(), "suffix": SuffixDrafter([])}
+    cal, slices = measured(measure(target, drafters, "key", budget_s=0.0, clock=TickClock()))
     assert slices > 2  # a forward a slice
     assert isinstance(cal, Calibration) and cal.key == "key"
     assert sorted(cal.ratios) == [2, 4, 8, 16]  # no budget: 1, 2, 4, 8 and 16 rows only
@@ -220,14 +224,8 @@ def test_a_slow_context_read_leaves_the_budget_to_the_measuring(
         return sync(runner, ids)
 
     monkeypatch.setattr(ModelRunner, "sync", slow_sync)
-    work = measure(tiny_model("llama", vocab_size=64, seed=1), {}, "key", budget_s=1.0,
-                   clock=clock, max_rounds=1)
-    while True:
-        try:
-            next(work)
-        except StopIteration as done:
-            cal = done.value
-            break
+    cal, _ = measured(measure(tiny_model("llama", vocab_size=64, seed=1), {}, "key",
+                              budget_s=1.0, clock=clock, max_rounds=1))
     assert sorted(cal.ratios) == list(range(2, MAX_K + 1))  # a whole round fitted
 
 

@@ -542,10 +542,12 @@ class ChatEngine:
         params = params or SamplingParams()
         method = self.check_method(self.method if method is None else method)
         if method == AUTO:
-            runner = seat.runner
-            rereads = {} if cache == COLD else {  # a warm cache may lack the head's features
-                name: runner.cached(prompt[:-1], False) - runner.cached(prompt[:-1], True)
-                for name, drafter in seat.drafters.items() if drafter.wants_hidden}
+            heads = [name for name, d in seat.drafters.items() if d.wants_hidden]
+            rereads: dict[str, int] = {}
+            if heads and cache != COLD:  # a warm cache may lack the head's features
+                ids = prompt[:-1]
+                again = seat.runner.cached(ids, False) - seat.runner.cached(ids, True)
+                rereads = dict.fromkeys(heads, again)
             self.last_choice = self.choice(kind, sharing(), rereads)
             method = self.check_method(self.last_choice.method)
         k = self.check_num_draft_tokens(

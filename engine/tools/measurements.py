@@ -106,7 +106,8 @@ def _md_meta(path: Path) -> dict[str, Any]:
     md = path.with_suffix(".md")
     if not md.is_file():
         return {}
-    first = md.read_text().splitlines()[0] if md.read_text() else ""
+    lines = md.read_text().splitlines()
+    first = lines[0] if lines else ""
     fields = [f.strip() for f in first.split("·")]
     date = fields[0].split(" ", 2)[-1] if fields else ""
     return {"date": date, "machine": fields[1]} if len(fields) > 1 else {}
