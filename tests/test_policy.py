@@ -280,3 +280,19 @@ def test_the_others_drafts_count_as_rows_of_the_pass() -> None:
     assert choose_gamma(0.7, 0.001, cost, 8, others=1) > 0
     # the same single other answer, verifying 7 drafts of its own: no cheap rows are left
     assert choose_gamma(0.7, 0.001, cost, 8, others=1, others_rows=8) == 0
+
+
+def test_under_load_the_first_draft_and_probes_wait_for_a_pass_where_they_could_pay() -> None:
+    ratios = {k: knee(1.0, 0.04, 4, 1.0)(k) for k in range(2, 17)}
+    fresh = DraftPolicy.calibrated(0.05, ratios, None)  # drafter's cost not measured yet
+    fresh.others = 6
+    assert fresh.next_gamma(room=100) == 0 and fresh.yielded
+    fresh.others = 0
+    assert fresh.next_gamma(room=100) == fresh.start_gamma  # alone: the first draft runs
+
+    policy = DraftPolicy.calibrated(0.05, ratios, 0.001)
+    policy.probe = True  # a cool-down just ended
+    policy.others = 6
+    assert policy.next_gamma(room=100) == 0 and policy.yielded and policy.probe
+    policy.others = 0
+    assert policy.next_gamma(room=100) > 0 and policy.probing  # the probe runs once quiet

@@ -230,9 +230,16 @@ class DraftPolicy:
             self.last_off = True
             return 0
         fill = self.got / self.asked if self.asked > 0 else 1.0
+        hopeful = max(self.alpha, self.alpha_prior)
+        if (self.probe or self.draft_cost is None) and self.others and not choose_gamma(
+                hopeful, self.draft_cost or 0.0, self.verify_cost, limit, fill,
+                self.others, max(self.others, self.others_rows)):
+            # a probe or first draft would not pay under this load even at its most hopeful
+            # (a free drafter for an unmeasured one): it waits for a quieter pass
+            self.yielded = True
+            return 0
         if self.probe and self.draft_cost is not None and self.t1 is not None:
             self.probe, self.probing = False, True
-            hopeful = max(self.alpha, self.alpha_prior)
             self.last_asked = max(1, choose_gamma(hopeful, self.draft_cost, self.verify_cost,
                                                   limit, fill))
             return self.last_asked  # re-measure the acceptance at a bounded cost
