@@ -63,6 +63,11 @@ def test_markdown_reports_rows_kinds_costs_and_ceiling() -> None:
     assert "Generation speedup² by prompt kind" in text
     assert "k=4: 1.30" in text and "(t(1) = 100 ms)" in text
     assert "linear layers int4+int8" in text and "20 %" in text
+    assert "What auto ran" not in text  # no auto row
+
+    rows.append(Row("auto (the default)", [Run("summary", [1, 2], 1.0, method="suffix")]))
+    text = bench.markdown(bench.summarise(rows, KINDS), meta)
+    assert "What auto ran, per prompt: summary: suffix." in text
 
 
 def test_weight_bytes_count_quantized_buffers_and_skip_an_untied_embedding() -> None:
@@ -97,6 +102,9 @@ def test_tiny_run_fills_every_row_and_greedy_rows_match_plain() -> None:
             assert run.first_s is not None and 0 < run.first_s <= run.seconds, row.name
     draft = next(r for r in rows if r.name == "draft k=2")
     assert sum(r.accepted or 0 for r in draft.runs) > 0  # the draft is the target itself
+    auto = next(r for r in rows if r.name.startswith("auto"))
+    assert all(r.method in engine.drafters for r in auto.runs)  # what auto ran, by name
+    assert {r.method for r in draft.runs} == {"draft"}
 
 
 def test_llama_cpp_rows_are_checked_against_llama_cpp_plain() -> None:

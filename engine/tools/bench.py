@@ -101,6 +101,7 @@ class Run:
     accepted: int | None = None
     auto_off: int = 0
     first_s: float | None = None  # seconds to the first new token (prompt included)
+    method: str | None = None  # the method that ran (what auto chose, for auto)
 
     @property
     def generation_s(self) -> float:
@@ -174,8 +175,9 @@ def run_ours(engine: ChatEngine, ids: list[int], kind: str, method: str, k: Draf
                                    kind=QUESTION_KINDS.get(kind))
     assert isinstance(done, Completion)
     s = done.stats
+    ran = engine.last_choice.method if method == AUTO and engine.last_choice else method
     return Run(kind, list(done.token_ids), s.total_s, s.passes, s.drafted, s.accepted,
-               s.auto_off_passes, s.time_to_first_token_s)
+               s.auto_off_passes, s.time_to_first_token_s, ran)
 
 
 def run_transformers(engine: ChatEngine, ids: list[int], kind: str, mode: str,
@@ -495,6 +497,7 @@ def summarise(rows: list[Row], kinds: tuple[str, ...]) -> list[dict[str, Any]]:
                 "identical": None if own else f"{same}/{len(runs)}",
                 "peak_rss_gb": row.peak_rss / 2**30,
                 "auto_off_passes": sum(r.auto_off for r in runs),
+                "methods": [r.method for r in runs],
             })
     return table
 
@@ -549,6 +552,11 @@ def markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                      for k in kinds]
             lines.append(f"| {name} | " + " | ".join(
                 f"{fmt(c, '.2f')}{'×' if c else ''}" for c in cells) + " |")
+    chosen = [(r["row"], r["kind"], r["methods"]) for r in summary
+              if r["row"].startswith("auto") and r["kind"] != "overall" and r.get("methods")]
+    if chosen:
+        lines += ["", "What auto ran, per prompt: " + "; ".join(
+            f"{kind}: {', '.join(str(m) for m in methods)}" for _, kind, methods in chosen) + "."]
     costs = meta["verify_cost_s"]
     lines += ["", "Verification cost t(k)/t(1) of one target forward (warm cache): "
               + ", ".join(f"k={k}: {costs[k] / costs[1]:.2f}" for k in costs)
