@@ -541,11 +541,14 @@ inline __m256i group_scales(const uint8_t *sc) {
     return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s, s));
 }
 
-// Output feature n of M rows (xq and y start at the first of them). Per super-block and
-// row, all in one [8] vector (group g in lane g): d * (dx * sc_g * dot_g) - (dmin * mn_g)
+// Rows up to which a kernel keeps each row's sums in registers (see q4k_many).
+constexpr int FEW = 4;
+
+// Output feature n of a few rows (M <= FEW; xq and y start at the first of them). Per
+// super-block and row, all in one [8] vector (group g in lane g): d * (dx * sc_g * dot_g) - (dmin * mn_g)
 // * (dx * bsum_g), the mins' factor shared by the rows.
 template <int M>
-inline void q4k_one(const QuantRows256 xq, int K, const Q4KWeights w, const float *bias,
+inline void q4k_few(const QuantRows256 xq, int K, const Q4KWeights w, const float *bias,
                     float *y, int N, int n) {
     const int S = K / SUPER, G = K / GROUP;
     __m256 acc[M];
@@ -582,6 +585,58 @@ inline void q4k_one(const QuantRows256 xq, int K, const Q4KWeights w, const floa
     }
     const float b = bias ? bias[n] : 0.0f;
     for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = hsum(acc[m]) + b;
+}
+
+// The same sums for more rows (M > FEW): per super-block the 8 unpacked weight vectors
+// stay in registers and the rows take turns over them, and the rows' running sums live
+// in a small array. (With a running sum and a 16-bit sum per row in registers, as
+// q4k_few keeps them, the compiler spills the products beyond four rows, and the loop
+// runs slower.) Each row's integers are q4k_few's, added in another order (exact in 16
+// bits), and its float steps are the same: the same bits.
+template <int M>
+inline void q4k_many(const QuantRows256 xq, int K, const Q4KWeights w, const float *bias,
+                     float *y, int N, int n) {
+    const int S = K / SUPER, G = K / GROUP;
+    alignas(32) float acc[M][8];
+    for (int m = 0; m < M; ++m) _mm256_store_ps(acc[m], _mm256_setzero_ps());
+    for (int sb = 0; sb < S; ++sb) {
+        const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
+        const uint8_t *codes = w.codes + g0 * (GROUP / 2);
+        prefetch((const char *)codes + Q4K_AHEAD, SUPER / 2);
+        prefetch((const char *)(w.sc + g0) + Q4K_AHEAD / 16, 1);
+        prefetch((const char *)(w.mn + g0) + Q4K_AHEAD / 16, 1);
+        __m256i wq[8];  // kernel-order vectors 0..7
+        for (int c = 0; c < SUPER / 64; ++c) unpack_q4_pair(codes + c * GROUP, wq[2 * c], wq[2 * c + 1]);
+        const __m256i scale = group_scales(w.sc + g0);
+        const __m256 d = _mm256_set1_ps(w.d[(int64_t)n * S + sb]);
+        const __m256 mins = _mm256_mul_ps(  // [8] dmin * mn_g
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w.mn + g0)))),
+            _mm256_set1_ps(w.dmin[(int64_t)n * S + sb]));
+        for (int m = 0; m < M; ++m) {
+            const int8_t *x = xq.codes + m * (int64_t)K + sb * SUPER;
+            __m256i p[8];  // [16] int16 each, lanes 2g and 2g + 1 for group g
+            for (int v = 0; v < 8; ++v)
+                p[v] = _mm256_maddubs_epi16(wq[v], _mm256_loadu_si256((const __m256i *)(x + v * GROUP)));
+            const __m256i p16 = _mm256_add_epi16(
+                _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3])),
+                _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7])));
+            const __m256 dots = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p16, scale)),
+                                              _mm256_broadcast_ss(xq.scale + (int64_t)m * S + sb));
+            __m256 a = _mm256_fmadd_ps(dots, d, _mm256_load_ps(acc[m]));
+            a = _mm256_fnmadd_ps(mins, _mm256_loadu_ps(xq.bsum + (int64_t)m * G + sb * 8), a);
+            _mm256_store_ps(acc[m], a);
+        }
+    }
+    const float b = bias ? bias[n] : 0.0f;
+    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = hsum(_mm256_load_ps(acc[m])) + b;
+}
+
+// Output feature n of M rows on AVX2 (what q4k_one_vnni repeats bit for bit).
+template <int M>
+inline void q4k_one(const QuantRows256 xq, int K, const Q4KWeights w, const float *bias,
+                    float *y, int N, int n) {
+    if constexpr (M <= FEW) q4k_few<M>(xq, K, w, bias, y, N, n);
+    else q4k_many<M>(xq, K, w, bias, y, N, n);
 }
 
 #if ANVE_VNNI
@@ -720,8 +775,9 @@ inline __m256i half_scales(__m128i sc16, int half) {
     return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc16, pick));
 }
 
+// Output feature n of a few rows (M <= FEW).
 template <int M>
-inline void q6k_one(const QuantRows256 xq, int K, const Q6KWeights w, const float *bias,
+inline void q6k_few(const QuantRows256 xq, int K, const Q6KWeights w, const float *bias,
                     float *y, int N, int n) {
     const int S = K / SUPER, G = K / GROUP;
     __m256 acc[M];
@@ -757,6 +813,58 @@ inline void q6k_one(const QuantRows256 xq, int K, const Q6KWeights w, const floa
     }
     const float b = bias ? bias[n] : 0.0f;
     for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = hsum(acc[m]) + b;
+}
+
+// The same sums for more rows (M > FEW; see q4k_many): per super-block the weights'
+// magnitudes (and their signs, which go onto the activations) are read once and the rows
+// take turns over them, each row's two halves summed in 16 bits and scaled into [8]
+// int32 (group g in lane g); the running sums live in a small array. The same integers
+// and float steps as q6k_few: the same bits.
+template <int M>
+inline void q6k_many(const QuantRows256 xq, int K, const Q6KWeights w, const float *bias,
+                     float *y, int N, int n) {
+    const int S = K / SUPER, G = K / GROUP;
+    alignas(32) float acc[M][8];
+    for (int m = 0; m < M; ++m) _mm256_store_ps(acc[m], _mm256_setzero_ps());
+    for (int sb = 0; sb < S; ++sb) {
+        const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
+        const int8_t *codes = w.q + g0 * GROUP;
+        prefetch((const char *)codes + Q6_AHEAD, SUPER);
+        prefetch((const char *)(w.sc + 2 * g0) + Q6_AHEAD / 16, 1);
+        const __m128i sc16 = _mm_loadu_si128((const __m128i *)(w.sc + 2 * g0));
+        __m256i wq[8], w_abs[8];
+        for (int j = 0; j < 8; ++j) {
+            wq[j] = _mm256_loadu_si256((const __m256i *)(codes + j * GROUP));
+            w_abs[j] = _mm256_sign_epi8(wq[j], wq[j]);
+        }
+        const __m256i scale[2] = {half_scales(sc16, 0), half_scales(sc16, 1)};
+        const float d = w.d[(int64_t)n * S + sb];
+        for (int m = 0; m < M; ++m) {
+            const int8_t *x = xq.codes + m * (int64_t)K + sb * SUPER;
+            __m256i p[8];
+            for (int j = 0; j < 8; ++j)
+                p[j] = _mm256_maddubs_epi16(w_abs[j], _mm256_sign_epi8(
+                    _mm256_loadu_si256((const __m256i *)(x + j * GROUP)), wq[j]));
+            // each half's 4 vectors add up in 16 bits (<= 16 * 32 * 127), exact in any order
+            const __m256i low = _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3]));
+            const __m256i high = _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7]));
+            const __m256i i32 = _mm256_add_epi32(_mm256_madd_epi16(low, scale[0]),
+                                                 _mm256_madd_epi16(high, scale[1]));
+            const float dx = xq.scale[(int64_t)m * S + sb];
+            _mm256_store_ps(acc[m], _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_set1_ps(d * dx),
+                                                    _mm256_load_ps(acc[m])));
+        }
+    }
+    const float b = bias ? bias[n] : 0.0f;
+    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = hsum(_mm256_load_ps(acc[m])) + b;
+}
+
+// Output feature n of M rows on AVX2.
+template <int M>
+inline void q6k_one(const QuantRows256 xq, int K, const Q6KWeights w, const float *bias,
+                    float *y, int N, int n) {
+    if constexpr (M <= FEW) q6k_few<M>(xq, K, w, bias, y, N, n);
+    else q6k_many<M>(xq, K, w, bias, y, N, n);
 }
 
 #if ANVE_VNNI
@@ -1085,10 +1193,6 @@ QuantRows256 rows_from(const QuantRows256 &q, int m0, int K) {
             q.flipped + m0 * (int64_t)K, nullptr};  // the tiles take all rows at once
 }
 
-// Rows at a time in one pass over a q6k output feature's weights: their sums stay in
-// registers; more rows go round again over the same (by then cached) weights.
-constexpr int BLOCK_ROWS = 4;
-
 template <int M>
 void q6k_rows(const QuantRows256 xq, int K, const Q6KWeights w, const float *bias, float *y,
               int N, int n0, int n1) {
@@ -1099,11 +1203,7 @@ void q6k_rows(const QuantRows256 xq, int K, const Q6KWeights w, const float *bia
     for (int n = n0; n < n1; ++n) q6k_one_vnni<M>(xq, K, w, bias, y, N, n);
     return;
 #endif
-    for (int n = n0; n < n1; ++n) {
-        q6k_one<(M < BLOCK_ROWS ? M : BLOCK_ROWS)>(xq, K, w, bias, y, N, n);
-        if constexpr (M > BLOCK_ROWS)
-            q6k_one<M - BLOCK_ROWS>(rows_from(xq, BLOCK_ROWS, K), K, w, bias, y + BLOCK_ROWS * (int64_t)N, N, n);
-    }
+    for (int n = n0; n < n1; ++n) q6k_one<M>(xq, K, w, bias, y, N, n);
 }
 
 #if ANVE_AVX512
