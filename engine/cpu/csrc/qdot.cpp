@@ -397,6 +397,28 @@ void q4_rows_512(const QuantRows xq, int K, const uint8_t *codes, const uint16_t
 }
 #endif
 
+// Rows up to which a kernel keeps each row's sums in registers (see q4k_many).
+constexpr int FEW = 4;
+
+// M rows' [8] float running sums: in registers up to FEW rows, else in a small array
+// (more would not fit the 16 vector registers beside the weights: the compiler spills
+// something, and what it picks runs slower). The same values either way.
+template <int M, bool InRegisters = (M <= FEW)>
+struct Sums {
+    __m256 v[M];
+    Sums() { for (int m = 0; m < M; ++m) v[m] = _mm256_setzero_ps(); }
+    __m256 get(int m) const { return v[m]; }
+    void set(int m, __m256 a) { v[m] = a; }
+};
+
+template <int M>
+struct Sums<M, false> {
+    alignas(32) float v[M][8];
+    Sums() { for (int m = 0; m < M; ++m) _mm256_store_ps(v[m], _mm256_setzero_ps()); }
+    __m256 get(int m) const { return _mm256_load_ps(v[m]); }
+    void set(int m, __m256 a) { _mm256_store_ps(v[m], a); }
+};
+
 template <int M>
 void q4_rows(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *scale,
              const uint16_t *offset, const float *bias, float *y, int N, int n0, int n1) {
@@ -405,8 +427,9 @@ void q4_rows(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *sc
 #endif
     const int G = K / GROUP;
     for (int n = n0; n < n1; ++n) {
-        __m256 acc[M];
-        for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
+        // the running sums stay in registers at every row count: updated once per 8
+        // groups, an array for them (as q4k_many keeps) measured no faster here
+        Sums<M, true> acc;
         const uint8_t *wrow = codes + (int64_t)n * G * (GROUP / 2);
         const uint16_t *srow = scale + (int64_t)n * G, *orow = offset + (int64_t)n * G;
         int g = 0;
@@ -428,7 +451,7 @@ void q4_rows(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *sc
                 const __m256i d23 = _mm256_hadd_epi32(dot_pair(w[4], w[5], x + 4 * GROUP),
                                                       dot_pair(w[6], w[7], x + 6 * GROUP));
                 const __m256i sums = _mm256_hadd_epi32(d01, d23);  // [8] int32: groups 0 2 4 6 1 3 5 7
-                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_load_ps(both[m]), acc[m]);
+                acc.set(m, _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_load_ps(both[m]), acc.get(m)));
             }
         }
         for (; g + 2 <= G; g += 2) {
@@ -440,7 +463,7 @@ void q4_rows(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *sc
                 const __m256 both = _mm256_set_m128(_mm_set1_ps(s1 * xq.scale[mg + 1]),
                                                     _mm_set1_ps(s0 * xq.scale[mg]));
                 const __m256i d = dot_pair(low, high, xq.codes + mg * GROUP);
-                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), both, acc[m]);
+                acc.set(m, _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), both, acc.get(m)));
             }
         }
         if (g < G) {  // the last, unpaired group (odd G) is in input order
@@ -449,13 +472,13 @@ void q4_rows(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *sc
             for (int m = 0; m < M; ++m) {
                 const int64_t mg = (int64_t)m * G + g;
                 const __m256 d = dot_group(w, xq.codes + mg * GROUP);
-                acc[m] = _mm256_fmadd_ps(d, _mm256_set1_ps(s * xq.scale[mg]), acc[m]);
+                acc.set(m, _mm256_fmadd_ps(d, _mm256_set1_ps(s * xq.scale[mg]), acc.get(m)));
             }
         }
         const float b = bias ? bias[n] : 0.0f;
         for (int m = 0; m < M; ++m) {
             const float corr = offset_term(orow, xq.sum + (int64_t)m * G, G);
-            y[(int64_t)m * N + n] = (hsum(acc[m]) + corr) + b;
+            y[(int64_t)m * N + n] = (hsum(acc.get(m)) + corr) + b;
         }
     }
 }
@@ -541,9 +564,6 @@ inline __m256i group_scales(const uint8_t *sc) {
     return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s, s));
 }
 
-// Rows up to which a kernel keeps each row's sums in registers (see q4k_many).
-constexpr int FEW = 4;
-
 // Output feature n of a few rows (M <= FEW; xq and y start at the first of them). Per
 // super-block and row, all in one [8] vector (group g in lane g): d * (dx * sc_g * dot_g) - (dmin * mn_g)
 // * (dx * bsum_g), the mins' factor shared by the rows.
@@ -597,8 +617,7 @@ template <int M>
 inline void q4k_many(const QuantRows256 xq, int K, const Q4KWeights w, const float *bias,
                      float *y, int N, int n) {
     const int S = K / SUPER, G = K / GROUP;
-    alignas(32) float acc[M][8];
-    for (int m = 0; m < M; ++m) _mm256_store_ps(acc[m], _mm256_setzero_ps());
+    Sums<M> acc;
     for (int sb = 0; sb < S; ++sb) {
         const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
         const uint8_t *codes = w.codes + g0 * (GROUP / 2);
@@ -622,13 +641,12 @@ inline void q4k_many(const QuantRows256 xq, int K, const Q4KWeights w, const flo
                 _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7])));
             const __m256 dots = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p16, scale)),
                                               _mm256_broadcast_ss(xq.scale + (int64_t)m * S + sb));
-            __m256 a = _mm256_fmadd_ps(dots, d, _mm256_load_ps(acc[m]));
-            a = _mm256_fnmadd_ps(mins, _mm256_loadu_ps(xq.bsum + (int64_t)m * G + sb * 8), a);
-            _mm256_store_ps(acc[m], a);
+            __m256 a = _mm256_fmadd_ps(dots, d, acc.get(m));
+            acc.set(m, _mm256_fnmadd_ps(mins, _mm256_loadu_ps(xq.bsum + (int64_t)m * G + sb * 8), a));
         }
     }
     const float b = bias ? bias[n] : 0.0f;
-    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = hsum(_mm256_load_ps(acc[m])) + b;
+    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = hsum(acc.get(m)) + b;
 }
 
 // Output feature n of M rows on AVX2 (what q4k_one_vnni repeats bit for bit).
@@ -824,8 +842,7 @@ template <int M>
 inline void q6k_many(const QuantRows256 xq, int K, const Q6KWeights w, const float *bias,
                      float *y, int N, int n) {
     const int S = K / SUPER, G = K / GROUP;
-    alignas(32) float acc[M][8];
-    for (int m = 0; m < M; ++m) _mm256_store_ps(acc[m], _mm256_setzero_ps());
+    Sums<M> acc;
     for (int sb = 0; sb < S; ++sb) {
         const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
         const int8_t *codes = w.q + g0 * GROUP;
@@ -851,12 +868,11 @@ inline void q6k_many(const QuantRows256 xq, int K, const Q6KWeights w, const flo
             const __m256i i32 = _mm256_add_epi32(_mm256_madd_epi16(low, scale[0]),
                                                  _mm256_madd_epi16(high, scale[1]));
             const float dx = xq.scale[(int64_t)m * S + sb];
-            _mm256_store_ps(acc[m], _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_set1_ps(d * dx),
-                                                    _mm256_load_ps(acc[m])));
+            acc.set(m, _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_set1_ps(d * dx), acc.get(m)));
         }
     }
     const float b = bias ? bias[n] : 0.0f;
-    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = hsum(_mm256_load_ps(acc[m])) + b;
+    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = hsum(acc.get(m)) + b;
 }
 
 // Output feature n of M rows on AVX2.
