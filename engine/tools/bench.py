@@ -743,6 +743,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--concurrency", default=None,
                         help="answers at once, e.g. 1,2,4: run the load benchmark instead")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="with --concurrency: rounds a level and mode (at least 2)")
     return parser.parse_args(argv)
 
 
@@ -751,7 +753,7 @@ def load_bench(engine: ChatEngine, args: argparse.Namespace, profile: str,
     """``--concurrency``: the load benchmark, one prompt per kind (see the module)."""
     levels = parse_levels(args.concurrency)
     prompts = [p["prompt"] for p in load_prompts(PROMPTS, 1)]
-    data = run_load(engine, prompts, levels, args.max_tokens)
+    data = run_load(engine, prompts, levels, args.max_tokens, args.rounds)
     meta = {**run_meta(profile, argv), "target": engine.target.name,
             "draft": None if engine.draft is None else engine.draft.name,
             "kernels": kernels.variant(),
@@ -773,6 +775,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.concurrency is not None:
         try:
             parse_levels(args.concurrency)
+            if args.rounds < 2:
+                raise ValueError(f"--rounds takes 2 or more, not {args.rounds}")
         except ValueError as exc:
             sys.stderr.write(f"error: {exc}\n")
             return 2

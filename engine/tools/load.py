@@ -9,12 +9,13 @@ prompt is answered once before anything is timed, so as in an office where staff
 back to their conversations, the prompts are cached.
 
 Per concurrency and mode: total tokens per second (all answers' tokens over the rounds'
-wall time; at least two rounds per level, the two modes taking turns round by round
-in ABBA order, each round starting with an empty suffix memory), the ratio to one
+wall time; at least two rounds per level, ``--rounds``, the two modes taking turns round
+by round in ABBA order, each round starting with an empty suffix memory), the ratio to one
 answer's plain tokens per second (the ``c = 1``, off figure of the same run), each
 answer's own tokens per second and its time to the first token from its submission, the
 passes that served several answers, and whether every answer's token ids equal the plain
-answer served alone. Greedy, as the benchmark.
+answer served alone; and each round's on ÷ off ratio, which shows how far one total moves
+with the machine. Greedy, as the benchmark.
 """
 
 import asyncio
@@ -61,6 +62,7 @@ class Level:
     mode: str
     answers: list[Answer] = field(default_factory=list)
     wall_s: float = 0.0
+    round_s: list[float] = field(default_factory=list)  # each round's wall time
     identical: bool = True
 
     @property
@@ -107,14 +109,14 @@ def forget_answers(engine: ChatEngine) -> None:
 
 
 async def _levels(engine: ChatEngine, scheduler: Scheduler,
-                  prompts: list[list[dict[str, str]]], levels: list[int], max_tokens: int
-                  ) -> list[Level]:
+                  prompts: list[list[dict[str, str]]], levels: list[int], max_tokens: int,
+                  rounds: int) -> list[Level]:
     plain: list[tuple[int, ...]] = []
     for messages in prompts:  # cache every prompt; the answers alone are the reference
         plain.append((await _answer(scheduler, messages, MODES["off"], max_tokens)).tokens)
     out: list[Level] = []
     for concurrency in levels:
-        count = max(len(prompts), 2 * concurrency)  # every prompt, and two rounds at least
+        count = max(len(prompts), rounds * concurrency)  # every prompt, `rounds` at least
         both = {mode: Level(concurrency, mode) for mode in MODES}
         for round_, start in enumerate(range(0, count, concurrency)):
             picked = [i % len(prompts) for i in range(start, min(start + concurrency, count))]
@@ -127,7 +129,8 @@ async def _levels(engine: ChatEngine, scheduler: Scheduler,
                 began = time.perf_counter()
                 answers = await asyncio.gather(*(
                     _answer(scheduler, prompts[i], MODES[mode], max_tokens) for i in picked))
-                level.wall_s += time.perf_counter() - began
+                level.round_s.append(time.perf_counter() - began)
+                level.wall_s += level.round_s[-1]
                 level.answers += answers
                 level.identical &= all(a.tokens == plain[i]
                                        for a, i in zip(answers, picked, strict=True))
@@ -136,8 +139,11 @@ async def _levels(engine: ChatEngine, scheduler: Scheduler,
 
 
 def run_load(engine: ChatEngine, prompts: list[str], levels: list[int],
-             max_tokens: int) -> dict[str, Any]:
-    """The load benchmark on ``engine`` (see the module); the result as JSON data."""
+             max_tokens: int, rounds: int = 2) -> dict[str, Any]:
+    """The load benchmark on ``engine`` (see the module), at least ``rounds`` rounds a
+    level and mode; the result as JSON data."""
+    if rounds < 2:
+        raise ValueError(f"the load benchmark needs at least 2 rounds a level, not {rounds}")
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp) / "calibration.json"
         for _ in engine.calibrate(cache):  # what the worker measures at start, measured once
@@ -152,7 +158,8 @@ def run_load(engine: ChatEngine, prompts: list[str], levels: list[int],
             if scheduler.status.state != "ready":
                 raise RuntimeError(f"the scheduler did not start: {scheduler.status.message}")
             messages = [[{"role": "user", "content": p}] for p in prompts]
-            results = asyncio.run(_levels(engine, scheduler, messages, levels, max_tokens))
+            results = asyncio.run(_levels(engine, scheduler, messages, levels, max_tokens,
+                                          rounds))
         finally:
             scheduler.stop()
     slots = scheduler.max_batch
@@ -173,6 +180,7 @@ def run_load(engine: ChatEngine, prompts: list[str], levels: list[int],
             "prompt_tokens_cached": sum(a.cached for a in level.answers)
             / max(1, sum(a.prompt for a in level.answers)),
             "identical": level.identical,
+            "round_s": level.round_s,
             "answers_detail": [asdict(a) for a in level.answers],
         })
     return {"slots": slots, "levels": rows, "batched_passes": _batched_passes(metrics)}
@@ -207,4 +215,23 @@ def load_markdown(data: dict[str, Any]) -> str:
             f"{row['total_tokens_per_s']:.1f} | {'–' if ratio is None else f'{ratio:.2f}×'} | "
             f"{min(per):.1f}–{max(per):.1f} | {'–' if worst is None else f'{worst:.2f} s'} | "
             f"{'yes' if row['identical'] else 'NO'} |")
+    ratios = round_ratios(data["levels"])
+    if ratios:
+        lines += ["", "Speculation on ÷ off, round by round (the same answers' wall times): "
+                  + "; ".join(f"{c} at once: " + ", ".join(f"{r:.2f}" for r in rs)
+                              for c, rs in ratios.items()) + "."]
     return "\n".join(lines) + "\n"
+
+
+def round_ratios(levels: list[dict[str, Any]]) -> dict[int, list[float]]:
+    """Per concurrency, off's wall time over on's for each round: the same prompts
+    answered the same way in both modes, so the ratio of their speeds, round by round
+    (how much one run's total moves with the machine)."""
+    out: dict[int, list[float]] = {}
+    for off in (r for r in levels if r["mode"] == "off" and r.get("round_s")):
+        on = next((r for r in levels if r["mode"] == "on"
+                   and r["concurrency"] == off["concurrency"]), None)
+        if on is not None and on.get("round_s"):
+            out[off["concurrency"]] = [a / b for a, b in zip(off["round_s"], on["round_s"],
+                                                             strict=False) if b > 0]
+    return out
