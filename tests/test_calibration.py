@@ -10,6 +10,7 @@ import pytest
 from engine.spec.calibration import (
     KINDS,
     MAX_K,
+    OBSERVED_TOKENS,
     PRIOR_ANSWERS,
     PRIOR_FORMAT,
     PRIOR_SUFFIX,
@@ -263,6 +264,9 @@ def test_an_engine_calibrates_once_then_reads_its_cache(tmp_path: Path) -> None:
     assert list(again.calibrate(path)) == []  # read from the cache: no measuring
     assert again.calibration is not None and again.calibration.source == "cache"
     assert again.observations.seen  # the answer above was remembered
+    ran = events[-1].stats.method  # type: ignore[union-attr]
+    timed = again.observations.seen[ran][classify("Say hi")]
+    assert timed.tokens > 0 and timed.cost > 0  # the speed it showed, in t(1)
 
 
 def test_shipped_observations_start_a_fresh_engine_where_the_models_match(
@@ -290,3 +294,35 @@ def test_shipped_observations_start_a_fresh_engine_where_the_models_match(
     fresh = choose(predict(cal, Observations(), ["suffix", "draft"], "code", 8), "code")
     primed = choose(predict(cal, start, ["suffix", "draft"], "code", 8), "code")
     assert (fresh.method, primed.method) == ("suffix", "draft")
+    timed = Observations()
+    timed.record("draft", "code", Seen(50, 10, 30, 30, 1, tokens=100, cost=80), 80, 128)
+    data["observations"] = timed.to_json()
+    (tmp_path / f"pair{PRIOR_SUFFIX}").write_text(json.dumps(data))
+    shipped = shipped_observations(["target", "draft"], tmp_path).seen["draft"]["code"]
+    assert (shipped.tokens, shipped.cost) == (0.0, 0.0)  # another machine's speed: dropped
+    assert shipped.accepted == 50  # its acceptance kept
+
+
+def test_a_method_s_observed_speed_outweighs_the_cost_model_as_its_tokens_grow() -> None:
+    """The cost model prefers the head (cheap steps, fair acceptance); its answers here
+    ran at 0.9 tokens per t(1) (costs the model leaves out), the draft model's at 1.3."""
+    cal = calibration({"draft": 0.3, "eagle": 0.05})
+    def observed(tokens: float) -> Observations:
+        out = Observations()
+        out.record("draft", "chat", seen(70, 30), 0, 128)
+        out.record("eagle", "chat", seen(60, 40), 0, 128)
+        out.seen["draft"]["chat"].tokens, out.seen["draft"]["chat"].cost = tokens, tokens / 1.3
+        out.seen["eagle"]["chat"].tokens, out.seen["eagle"]["chat"].cost = tokens, tokens / 0.9
+        return out
+    model = predict(cal, observed(0), ["draft", "eagle"], "chat", 8)
+    assert model[0].method == "eagle" and model[0].observed is None
+    few = predict(cal, observed(8), ["draft", "eagle"], "chat", 8)
+    assert few[0].method == "eagle"  # a few tokens do not overturn the model
+    many = predict(cal, observed(4 * OBSERVED_TOKENS), ["draft", "eagle"], "chat", 8)
+    assert many[0].method == "draft" and many[0].observed == pytest.approx(1.3)
+    eagle = {p.method: p for p in many}["eagle"]
+    modelled = {p.method: p for p in model}["eagle"].speedup
+    assert eagle.speedup == pytest.approx(0.2 * modelled + 0.8 * 0.9)  # weights 1 : 4
+    busy = predict(cal, observed(4 * OBSERVED_TOKENS), ["draft", "eagle"], "chat", 8, others=1)
+    alone_model = predict(cal, observed(0), ["draft", "eagle"], "chat", 8, others=1)
+    assert [p.speedup for p in busy] == [p.speedup for p in alone_model]  # not under load

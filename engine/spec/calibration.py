@@ -68,6 +68,9 @@ PRIORS = ASSETS / "calibration"
 PRIOR_SUFFIX = ".observations.json"
 PRIOR_FORMAT = "anve-observations-1"
 PRIOR_ANSWERS = 4.0  # answers' worth a shipped observation counts as, per method and kind
+# generated tokens of a method's own timed answers on a kind at which its observed speed
+# weighs as much as the speed the cost model predicts (see predict)
+OBSERVED_TOKENS = 256.0
 
 _CODE = re.compile(r"```|^\s*(def |class |import |from \S+ import |#include|function |public |"
                    r"fn |SELECT |<\w+[ >])", re.MULTILINE)
@@ -300,6 +303,10 @@ class Seen:
     asked: float = 0.0  # passes that asked the drafter for a draft
     found: float = 0.0  # of those, passes that got one
     answers: float = 0.0
+    # the speed it showed on this machine, from answers that ran alone: tokens after each
+    # answer's first, and the seconds of their passes (drafting and verifying) over t(1)
+    tokens: float = 0.0
+    cost: float = 0.0
 
     def add(self, other: "Seen", weight: float = 1.0) -> "Seen":
         return Seen(*(a + weight * b for a, b in zip(astuple(self), astuple(other),
@@ -310,7 +317,8 @@ class Seen:
 
 
 def astuple(seen: Seen) -> tuple[float, ...]:
-    return (seen.accepted, seen.rejected, seen.asked, seen.found, seen.answers)
+    return (seen.accepted, seen.rejected, seen.asked, seen.found, seen.answers, seen.tokens,
+            seen.cost)
 
 
 @dataclass
@@ -367,6 +375,13 @@ class Observations:
                    if v.answers > 0 else v for k, v in self.lengths.items()}
         return Observations(seen, lengths)
 
+    def without_speeds(self) -> "Observations":
+        """A copy without the speeds the methods showed: those are the machine's own, while
+        acceptance depends on the models and the text (what shipped observations keep)."""
+        seen = {m: {k: replace(s, tokens=0.0, cost=0.0) for k, s in kinds.items()}
+                for m, kinds in self.seen.items()}
+        return Observations(seen, dict(self.lengths))
+
     def to_json(self) -> dict[str, Any]:
         return {"seen": {m: {k: asdict(s) for k, s in kinds.items()}
                          for m, kinds in self.seen.items()},
@@ -402,7 +417,7 @@ def shipped_observations(models: Sequence[str | None], folder: Path | None = Non
             log.warning("ignoring the shipped observations %s: %s", path, exc)
             continue
         log.info("starting from the observations in %s", path)
-        return observations.scaled(PRIOR_ANSWERS)
+        return observations.scaled(PRIOR_ANSWERS).without_speeds()
     return Observations()
 
 
@@ -421,13 +436,17 @@ class Prediction:
     step: float | None  # draft step / t(1)
     read: float  # the drafter's prompt reading per token / t(1)
     evidence: float  # draft tokens examined (accepted + rejections) behind alpha
+    observed: float | None = None  # tokens per t(1) its timed answers showed, if any
+    observed_tokens: float = 0.0  # the (decayed) tokens behind it
 
     def to_json(self) -> dict[str, Any]:
         return {"method": self.method, "speedup": round(self.speedup, 3),
                 "alpha": round(self.alpha, 3), "coverage": round(self.coverage, 3),
                 "draft_length": self.draft_length,
                 "step": None if self.step is None else round(self.step, 4),
-                "read_per_token": round(self.read, 4), "evidence": round(self.evidence, 1)}
+                "read_per_token": round(self.read, 4), "evidence": round(self.evidence, 1),
+                "observed_speed": None if self.observed is None else round(self.observed, 3),
+                "observed_tokens": round(self.observed_tokens, 1)}
 
 
 def pass_speedup(alpha: float, coverage: float, step: float, ratio_at: Callable[[int], float],
@@ -476,7 +495,10 @@ def predict(calibration: Calibration, observations: Observations, methods: Itera
     a drafter's own prompt reading then stalls every one, and a drafter made of
     ``parts`` (``Drafter.parts``) is costed as :func:`parts_step` says. ``rereads``:
     prompt tokens the target would read again for a method (an EAGLE head needs features
-    its cached prompt lacks), each at a 16-row pass's cost per row."""
+    its cached prompt lacks), each at a 16-row pass's cost per row. Where a method's own
+    answers ran alone on this machine, the speed they showed (``Seen.tokens`` per
+    ``Seen.cost``) is blended in, weighing as much as the model at
+    :data:`OBSERVED_TOKENS` tokens."""
     target_read = calibration.ratio_at(16) / 16  # one prompt token, in t(1)
     prompt, answer = observations.typical(kind)
     out = []
@@ -493,12 +515,19 @@ def predict(calibration: Calibration, observations: Observations, methods: Itera
         read = calibration.read.get(method, 0.0)
         speed, gamma = pass_speedup(alpha, coverage, step or 0.0, calibration.ratio_at,
                                     max_gamma, others)
+        # what its own answers showed alone on this machine: every cost the model leaves
+        # out is in it (a draft model's catch-up, a head's features), so as its tokens
+        # grow it outweighs the model (not under load: those answers ran alone)
+        observed = seen.tokens / seen.cost if seen.tokens > 0 and seen.cost > 0 else None
+        if observed is not None and not others:
+            weight = seen.tokens / (seen.tokens + OBSERVED_TOKENS)
+            speed = (1 - weight) * speed + weight * observed
         # an answer of `answer` tokens, the drafter reading `prompt` new tokens first
         # (and the target reading the prompt again where the method needs it)
         reading = prompt * read + (rereads or {}).get(method, 0) * target_read
         speedup = answer / (answer / speed + reading * (1 + others))
         out.append(Prediction(method, speedup, alpha, coverage, gamma, step, read,
-                              seen.accepted + seen.rejected))
+                              seen.accepted + seen.rejected, observed, seen.tokens))
     return sorted(out, key=lambda p: -p.speedup)
 
 

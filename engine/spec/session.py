@@ -637,6 +637,15 @@ class ChatEngine:
                 seen = seen.add(Seen(float(step.accepted),
                                      float(step.accepted < step.drafted and step.drafted > 0),
                                      1.0, float(step.drafted > 0)))
+            # its speed after the first token, in t(1) of this moment (the policy's, else
+            # the calibration's); the drafter's reading of the prompt is left out, as
+            # predict costs that apart
+            later = [s for s in steps[1:] if s.forwarded]
+            t1 = policy.t1 if policy is not None and policy.t1 else (
+                None if self.calibration is None else self.calibration.t1)
+            if timed and t1 and later:
+                seen.tokens = float(sum(len(s.tokens) for s in later))
+                seen.cost = sum(s.draft_s + s.verify_s for s in later) / t1
             self.observations.record(method, kind or "chat", seen, prompt_tokens,
                                      sum(len(s.tokens) for s in steps))
         if self.calibration is not None and timed:
