@@ -23,6 +23,7 @@ from engine.spec.calibration import (
     classify,
     measure,
     parts_step,
+    pass_speedup,
     predict,
     shipped_observations,
 )
@@ -326,3 +327,18 @@ def test_a_method_s_observed_speed_outweighs_the_cost_model_as_its_tokens_grow()
     busy = predict(cal, observed(4 * OBSERVED_TOKENS), ["draft", "eagle"], "chat", 8, others=1)
     alone_model = predict(cal, observed(0), ["draft", "eagle"], "chat", 8, others=1)
     assert [p.speedup for p in busy] == [p.speedup for p in alone_model]  # not under load
+
+
+def test_under_load_no_draft_length_may_slow_the_others_pass() -> None:
+    """Zen 5's t(k): alone a well-accepted free lookup pays; beside one other answer its
+    first row would make their shared pass 32 % longer, so nothing is drafted."""
+    cal = calibration({})
+    alone = pass_speedup(0.8, 1.0, 0.001, cal.ratio_at, 8)
+    assert alone[0] > 1.2 and alone[1] > 0
+    assert pass_speedup(0.8, 1.0, 0.001, cal.ratio_at, 8, others=1) == (1.0, 0)
+    flat = calibration({}, ratios={2: 1.005, 4: 1.015, 8: 1.035, 16: 1.08})
+    shared = pass_speedup(0.8, 1.0, 0.001, flat.ratio_at, 8, others=1)
+    assert shared[0] > 1.0 and shared[1] > 0  # nearly free rows: drafts still pay
+    gamma = shared[1]
+    drafted = 0.001 * (gamma + 0.8**gamma) + flat.ratio_at(gamma + 2)
+    assert drafted <= 1.02 * flat.ratio_at(2)  # the other answer's pass: at most 2 % longer

@@ -48,7 +48,13 @@ from typing import Any
 
 from engine.paths import ASSETS
 from engine.spec.drafters import Drafter
-from engine.spec.policy import DraftPolicy, expected_tokens, on_line, ratio_between
+from engine.spec.policy import (
+    SHARED_SLACK,
+    DraftPolicy,
+    expected_tokens,
+    on_line,
+    ratio_between,
+)
 
 log = logging.getLogger(__name__)
 
@@ -455,13 +461,17 @@ def pass_speedup(alpha: float, coverage: float, step: float, ratio_at: Callable[
     nothing when nothing pays) and its draft length. Costs are in units of t(1); a pass
     that asks for a draft gets one with chance ``coverage`` (lookups find none at times)
     and pays ``step`` either way. With ``others`` answers sharing every pass (one row and
-    one token each) it is the whole pass's speed, the drafting time stalling them all."""
+    one token each) it is the whole pass's speed, the drafting time stalling them all, and
+    as the policy does (:func:`engine.spec.policy.choose_gamma`) no draft length may make
+    their pass more than ``SHARED_SLACK`` longer."""
     plain = (others + 1) / ratio_at(others + 1)
     best, best_gamma = 1.0, 0
     for gamma in range(1, max_gamma + 1):
+        drafted = step * (gamma + alpha**gamma) + ratio_at(others + gamma + 1)
+        if others and drafted > (1 + SHARED_SLACK) * ratio_at(others + 1):
+            continue
         tokens = others + coverage * expected_tokens(alpha, gamma) + (1 - coverage)
-        cost = (coverage * (step * (gamma + alpha**gamma) + ratio_at(others + gamma + 1))
-                + (1 - coverage) * (ratio_at(others + 1) + step))
+        cost = coverage * drafted + (1 - coverage) * (ratio_at(others + 1) + step)
         if tokens / cost / plain > best * 1.02:
             best, best_gamma = tokens / cost / plain, gamma
     return best, best_gamma

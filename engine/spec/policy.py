@@ -61,6 +61,9 @@ CARRY = 0.6  # share of the acceptance evidence a new answer keeps from the earl
 # for the passes that detect the change and for noise. A goal, not a measured figure.
 PROBE_SHARE = 0.01
 NEVER = 1 << 30  # a cool-down that lasts the answer
+# Under load, the most one answer's drafts (their drafting and their verified rows) may
+# lengthen a pass the other answers share: their answers are not to slow down for it.
+SHARED_SLACK = 0.02
 
 
 def expected_tokens(alpha: float, gamma: float) -> float:
@@ -106,16 +109,21 @@ def choose_gamma(
     ``others``: answers whose rows share the pass (continuous batching), at least one
     token each, ``others_rows`` rows in all (default one each, their drafts included).
     The rate is then the whole pass's, ``(others + E) / (drafting + t(others_rows + gamma
-    + 1))``: drafts win where the machine is idle and give way to the other answers' rows
-    where the extra verified rows cost more than they yield.
+    + 1))``, and a length whose drafting and rows would make the shared pass more than
+    :data:`SHARED_SLACK` longer is left out: drafts take the rows that are nearly free
+    and never slow the other answers down (in a round of answers the last to finish sets
+    the time, so one answer's gain at the others' cost lowers the total).
     """
     rows = others if others_rows is None else others_rows
-    best, best_rate = 0, (others + 1.0) / verify_cost(rows + 1)
+    shared = verify_cost(rows + 1)  # the pass without this answer's drafts
+    best, best_rate = 0, (others + 1.0) / shared
     for gamma in range(1, max_gamma + 1):
         drafts = max(1.0, fill * gamma)
         drafting = draft_cost * (drafts + alpha**drafts)  # + the next pass's catch-up step
-        rate = (others + expected_tokens(alpha, drafts)) / (
-            drafting + verify_cost(rows + round(drafts) + 1))
+        cost = drafting + verify_cost(rows + round(drafts) + 1)
+        if others and cost > (1 + SHARED_SLACK) * shared:
+            continue
+        rate = (others + expected_tokens(alpha, drafts)) / cost
         if rate > best_rate * 1.02:  # prefer shorter drafts unless clearly better
             best, best_rate = gamma, rate
     return best
