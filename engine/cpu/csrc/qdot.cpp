@@ -419,6 +419,13 @@ struct Sums<M, false> {
     void set(int m, __m256 a) { _mm256_store_ps(v[m], a); }
 };
 
+// Output feature n of each of M rows: the sum of its running sums' lanes, plus the bias.
+template <int M, bool R>
+inline void put_rows(const Sums<M, R> &acc, const float *bias, float *y, int N, int n) {
+    const float b = bias ? bias[n] : 0.0f;
+    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = hsum(acc.get(m)) + b;
+}
+
 template <int M>
 void q4_rows(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *scale,
              const uint16_t *offset, const float *bias, float *y, int N, int n0, int n1) {
@@ -645,23 +652,14 @@ inline void q4k_many(const QuantRows256 xq, int K, const Q4KWeights w, const flo
             acc.set(m, _mm256_fnmadd_ps(mins, _mm256_loadu_ps(xq.bsum + (int64_t)m * G + sb * 8), a));
         }
     }
-    const float b = bias ? bias[n] : 0.0f;
-    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = hsum(acc.get(m)) + b;
-}
-
-// Output feature n of M rows on AVX2 (what q4k_one_vnni repeats bit for bit).
-template <int M>
-inline void q4k_one(const QuantRows256 xq, int K, const Q4KWeights w, const float *bias,
-                    float *y, int N, int n) {
-    if constexpr (M <= FEW) q4k_few<M>(xq, K, w, bias, y, N, n);
-    else q4k_many<M>(xq, K, w, bias, y, N, n);
+    put_rows(acc, bias, y, N, n);
 }
 
 #if ANVE_VNNI
 // The same sums with vpdpbusd: per super-block the 8 unpacked weight vectors stay in
 // registers and each row's 8 group dot products come out in the int32 lanes directly
 // (lane g: group g, exact); sc_g * dot_g is exact in float32 (< 2^24), so every row
-// gets what the AVX2 loop above gives it, bit for bit.
+// gets what the AVX2 loops above (q4k_few, q4k_many) give it, bit for bit.
 template <int M>
 inline void q4k_one_vnni(const QuantRows256 xq, int K, const Q4KWeights w, const float *bias,
                          float *y, int N, int n) {
@@ -773,7 +771,10 @@ void q4k_rows(const QuantRows256 xq, int K, const Q4KWeights w, const float *bia
 #elif ANVE_VNNI
     for (int n = n0; n < n1; ++n) q4k_one_vnni<M>(xq, K, w, bias, y, N, n);
 #else
-    for (int n = n0; n < n1; ++n) q4k_one<M>(xq, K, w, bias, y, N, n);
+    for (int n = n0; n < n1; ++n) {
+        if constexpr (M <= FEW) q4k_few<M>(xq, K, w, bias, y, N, n);
+        else q4k_many<M>(xq, K, w, bias, y, N, n);
+    }
 #endif
 }
 
@@ -871,16 +872,7 @@ inline void q6k_many(const QuantRows256 xq, int K, const Q6KWeights w, const flo
             acc.set(m, _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_set1_ps(d * dx), acc.get(m)));
         }
     }
-    const float b = bias ? bias[n] : 0.0f;
-    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = hsum(acc.get(m)) + b;
-}
-
-// Output feature n of M rows on AVX2.
-template <int M>
-inline void q6k_one(const QuantRows256 xq, int K, const Q6KWeights w, const float *bias,
-                    float *y, int N, int n) {
-    if constexpr (M <= FEW) q6k_few<M>(xq, K, w, bias, y, N, n);
-    else q6k_many<M>(xq, K, w, bias, y, N, n);
+    put_rows(acc, bias, y, N, n);
 }
 
 #if ANVE_VNNI
@@ -1219,7 +1211,10 @@ void q6k_rows(const QuantRows256 xq, int K, const Q6KWeights w, const float *bia
     for (int n = n0; n < n1; ++n) q6k_one_vnni<M>(xq, K, w, bias, y, N, n);
     return;
 #endif
-    for (int n = n0; n < n1; ++n) q6k_one<M>(xq, K, w, bias, y, N, n);
+    for (int n = n0; n < n1; ++n) {  // (q6k_few for few rows: see q4k_many)
+        if constexpr (M <= FEW) q6k_few<M>(xq, K, w, bias, y, N, n);
+        else q6k_many<M>(xq, K, w, bias, y, N, n);
+    }
 }
 
 #if ANVE_AVX512
