@@ -434,9 +434,8 @@ void q4_rows(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *sc
 #endif
     const int G = K / GROUP;
     for (int n = n0; n < n1; ++n) {
-        // the running sums stay in registers at every row count: updated once per 8
-        // groups, an array for them (as q4k_many keeps) measured no faster here
-        Sums<M, true> acc;
+        __m256 acc[M];
+        for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
         const uint8_t *wrow = codes + (int64_t)n * G * (GROUP / 2);
         const uint16_t *srow = scale + (int64_t)n * G, *orow = offset + (int64_t)n * G;
         int g = 0;
@@ -458,7 +457,7 @@ void q4_rows(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *sc
                 const __m256i d23 = _mm256_hadd_epi32(dot_pair(w[4], w[5], x + 4 * GROUP),
                                                       dot_pair(w[6], w[7], x + 6 * GROUP));
                 const __m256i sums = _mm256_hadd_epi32(d01, d23);  // [8] int32: groups 0 2 4 6 1 3 5 7
-                acc.set(m, _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_load_ps(both[m]), acc.get(m)));
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_load_ps(both[m]), acc[m]);
             }
         }
         for (; g + 2 <= G; g += 2) {
@@ -470,7 +469,7 @@ void q4_rows(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *sc
                 const __m256 both = _mm256_set_m128(_mm_set1_ps(s1 * xq.scale[mg + 1]),
                                                     _mm_set1_ps(s0 * xq.scale[mg]));
                 const __m256i d = dot_pair(low, high, xq.codes + mg * GROUP);
-                acc.set(m, _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), both, acc.get(m)));
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), both, acc[m]);
             }
         }
         if (g < G) {  // the last, unpaired group (odd G) is in input order
@@ -479,13 +478,13 @@ void q4_rows(const QuantRows xq, int K, const uint8_t *codes, const uint16_t *sc
             for (int m = 0; m < M; ++m) {
                 const int64_t mg = (int64_t)m * G + g;
                 const __m256 d = dot_group(w, xq.codes + mg * GROUP);
-                acc.set(m, _mm256_fmadd_ps(d, _mm256_set1_ps(s * xq.scale[mg]), acc.get(m)));
+                acc[m] = _mm256_fmadd_ps(d, _mm256_set1_ps(s * xq.scale[mg]), acc[m]);
             }
         }
         const float b = bias ? bias[n] : 0.0f;
         for (int m = 0; m < M; ++m) {
             const float corr = offset_term(orow, xq.sum + (int64_t)m * G, G);
-            y[(int64_t)m * N + n] = (hsum(acc.get(m)) + corr) + b;
+            y[(int64_t)m * N + n] = (hsum(acc[m]) + corr) + b;
         }
     }
 }
@@ -572,14 +571,13 @@ inline __m256i group_scales(const uint8_t *sc) {
 }
 
 // Output feature n of a few rows (M <= FEW; xq and y start at the first of them). Per
-// super-block and row, all in one [8] vector (group g in lane g): d * (dx * sc_g * dot_g) - (dmin * mn_g)
-// * (dx * bsum_g), the mins' factor shared by the rows.
+// super-block and row, all in one [8] vector (group g in lane g): d * (dx * sc_g * dot_g)
+// - (dmin * mn_g) * (dx * bsum_g), the mins' factor shared by the rows.
 template <int M>
 inline void q4k_few(const QuantRows256 xq, int K, const Q4KWeights w, const float *bias,
                     float *y, int N, int n) {
     const int S = K / SUPER, G = K / GROUP;
-    __m256 acc[M];
-    for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
+    Sums<M> acc;
     for (int sb = 0; sb < S; ++sb) {
         const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
         const uint8_t *codes = w.codes + g0 * (GROUP / 2);
@@ -606,12 +604,11 @@ inline void q4k_few(const QuantRows256 xq, int K, const Q4KWeights w, const floa
         for (int m = 0; m < M; ++m) {
             const __m256 dots = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p16[m], scale)),
                                               _mm256_broadcast_ss(xq.scale + (int64_t)m * S + sb));
-            acc[m] = _mm256_fmadd_ps(dots, d, acc[m]);
-            acc[m] = _mm256_fnmadd_ps(mins, _mm256_loadu_ps(xq.bsum + (int64_t)m * G + sb * 8), acc[m]);
+            const __m256 a = _mm256_fmadd_ps(dots, d, acc.get(m));
+            acc.set(m, _mm256_fnmadd_ps(mins, _mm256_loadu_ps(xq.bsum + (int64_t)m * G + sb * 8), a));
         }
     }
-    const float b = bias ? bias[n] : 0.0f;
-    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = hsum(acc[m]) + b;
+    put_rows(acc, bias, y, N, n);
 }
 
 // The same sums for more rows (M > FEW): per super-block the 8 unpacked weight vectors
@@ -799,8 +796,7 @@ template <int M>
 inline void q6k_few(const QuantRows256 xq, int K, const Q6KWeights w, const float *bias,
                     float *y, int N, int n) {
     const int S = K / SUPER, G = K / GROUP;
-    __m256 acc[M];
-    for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
+    Sums<M> acc;
     for (int sb = 0; sb < S; ++sb) {
         const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
         const int8_t *codes = w.q + g0 * GROUP;
@@ -827,11 +823,10 @@ inline void q6k_few(const QuantRows256 xq, int K, const Q6KWeights w, const floa
         const float d = w.d[(int64_t)n * S + sb];
         for (int m = 0; m < M; ++m) {
             const float dx = xq.scale[(int64_t)m * S + sb];
-            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32[m]), _mm256_set1_ps(d * dx), acc[m]);
+            acc.set(m, _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32[m]), _mm256_set1_ps(d * dx), acc.get(m)));
         }
     }
-    const float b = bias ? bias[n] : 0.0f;
-    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = hsum(acc[m]) + b;
+    put_rows(acc, bias, y, N, n);
 }
 
 // The same sums for more rows (M > FEW; see q4k_many): per super-block the weights'
