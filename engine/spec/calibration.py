@@ -49,11 +49,11 @@ from typing import Any
 from engine.paths import ASSETS
 from engine.spec.drafters import Drafter
 from engine.spec.policy import (
-    SHARED_SLACK,
     DraftPolicy,
     expected_tokens,
     on_line,
     ratio_between,
+    within_slack,
 )
 
 log = logging.getLogger(__name__)
@@ -462,13 +462,13 @@ def pass_speedup(alpha: float, coverage: float, step: float, ratio_at: Callable[
     that asks for a draft gets one with chance ``coverage`` (lookups find none at times)
     and pays ``step`` either way. With ``others`` answers sharing every pass (one row and
     one token each) it is the whole pass's speed, the drafting time stalling them all, and
-    as the policy does (:func:`engine.spec.policy.choose_gamma`) no draft length may make
+    as the policy does (:func:`engine.spec.policy.within_slack`) no draft length may make
     their pass more than ``SHARED_SLACK`` longer."""
     plain = (others + 1) / ratio_at(others + 1)
     best, best_gamma = 1.0, 0
     for gamma in range(1, max_gamma + 1):
         drafted = step * (gamma + alpha**gamma) + ratio_at(others + gamma + 1)
-        if others and drafted > (1 + SHARED_SLACK) * ratio_at(others + 1):
+        if not within_slack(drafted, ratio_at(others + 1), others):
             continue
         tokens = others + coverage * expected_tokens(alpha, gamma) + (1 - coverage)
         cost = coverage * drafted + (1 - coverage) * (ratio_at(others + 1) + step)

@@ -66,6 +66,12 @@ NEVER = 1 << 30  # a cool-down that lasts the answer
 SHARED_SLACK = 0.02
 
 
+def within_slack(cost: float, shared: float, others: int) -> bool:
+    """Whether a pass of ``cost`` with one answer's drafts may run beside ``others``
+    answers whose pass would cost ``shared`` without them (always, alone)."""
+    return not others or cost <= (1 + SHARED_SLACK) * shared
+
+
 def expected_tokens(alpha: float, gamma: float) -> float:
     """Mean tokens per pass for acceptance rate ``alpha`` and ``gamma`` drafts."""
     if gamma <= 0:
@@ -121,7 +127,7 @@ def choose_gamma(
         drafts = max(1.0, fill * gamma)
         drafting = draft_cost * (drafts + alpha**drafts)  # + the next pass's catch-up step
         cost = drafting + verify_cost(rows + round(drafts) + 1)
-        if others and cost > (1 + SHARED_SLACK) * shared:
+        if not within_slack(cost, shared, others):
             continue
         rate = (others + expected_tokens(alpha, drafts)) / cost
         if rate > best_rate * 1.02:  # prefer shorter drafts unless clearly better
