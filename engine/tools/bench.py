@@ -81,7 +81,7 @@ from engine.spec.calibration import PRIOR_FORMAT, Observations
 from engine.spec.drafters.suffix import SuffixDrafter
 from engine.spec.runner import ModelRunner
 from engine.spec.session import ADAPTIVE, AUTO, ChatEngine, DraftLength
-from engine.tools.load import load_markdown, parse_levels, run_load
+from engine.tools.load import check_rounds, load_markdown, parse_levels, run_load
 
 log = logging.getLogger(__name__)
 
@@ -552,11 +552,11 @@ def markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                      for k in kinds]
             lines.append(f"| {name} | " + " | ".join(
                 f"{fmt(c, '.2f')}{'×' if c else ''}" for c in cells) + " |")
-    chosen = [(r["row"], r["kind"], r["methods"]) for r in summary
+    chosen = [(r["kind"], r["methods"]) for r in summary
               if r["row"].startswith("auto") and r["kind"] != "overall" and r.get("methods")]
     if chosen:
         lines += ["", "What auto ran, per prompt: " + "; ".join(
-            f"{kind}: {', '.join(str(m) for m in methods)}" for _, kind, methods in chosen) + "."]
+            f"{kind}: {', '.join(str(m) for m in methods)}" for kind, methods in chosen) + "."]
     costs = meta["verify_cost_s"]
     lines += ["", "Verification cost t(k)/t(1) of one target forward (warm cache): "
               + ", ".join(f"k={k}: {costs[k] / costs[1]:.2f}" for k in costs)
@@ -775,8 +775,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.concurrency is not None:
         try:
             parse_levels(args.concurrency)
-            if args.rounds < 2:
-                raise ValueError(f"--rounds takes 2 or more, not {args.rounds}")
+            check_rounds(args.rounds)
         except ValueError as exc:
             sys.stderr.write(f"error: {exc}\n")
             return 2

@@ -81,6 +81,13 @@ def parse_levels(text: str) -> list[int]:
     return sorted(set(levels))
 
 
+def check_rounds(rounds: int) -> None:
+    """A clear error for fewer than two rounds a level (``--rounds``)."""
+    if rounds < 2:
+        raise ValueError(f"--rounds: the load benchmark needs at least 2 rounds a level, "
+                         f"not {rounds}")
+
+
 async def _answer(scheduler: Scheduler, messages: list[dict[str, str]], decision: Decision,
                   max_tokens: int) -> Answer:
     request = ChatRequest(messages, SamplingParams(), max_tokens=max_tokens)
@@ -142,8 +149,7 @@ def run_load(engine: ChatEngine, prompts: list[str], levels: list[int],
              max_tokens: int, rounds: int = 2) -> dict[str, Any]:
     """The load benchmark on ``engine`` (see the module), at least ``rounds`` rounds a
     level and mode; the result as JSON data."""
-    if rounds < 2:
-        raise ValueError(f"the load benchmark needs at least 2 rounds a level, not {rounds}")
+    check_rounds(rounds)
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp) / "calibration.json"
         for _ in engine.calibrate(cache):  # what the worker measures at start, measured once
