@@ -43,19 +43,21 @@ class FakeForward:
         return out
 
     def step(self, ids: Sequence[int], cache: list[int], rows: int, keep: bool,
-             parents: Sequence[int] | None = None) -> tuple[torch.Tensor, None]:
+             parents: Sequence[int] | None = None, taps: Sequence[int] = ()
+             ) -> tuple[torch.Tensor, None]:
         if self.fail:
             raise RuntimeError("the forward broke")
         self.calls.append(("tree" if parents else "step", [list(ids)]))
         return self._logits(ids, cache, rows), None
 
-    def read(self, ids: Sequence[int], cache: list[int], rows: int, keep: bool
-             ) -> tuple[torch.Tensor, None]:
+    def read(self, ids: Sequence[int], cache: list[int], rows: int, keep: bool,
+             taps: Sequence[int] = ()) -> tuple[torch.Tensor, None]:
         self.calls.append(("read", [list(ids)]))
         return self._logits(ids, cache, rows), None
 
     def step_many(self, steps: Sequence[tuple[Sequence[int], list[int]]],
-                  rows: Sequence[int], keep: bool = False) -> list[tuple[torch.Tensor, None]]:
+                  rows: Sequence[int], keep: bool = False, taps: Sequence[int] = ()
+                  ) -> list[tuple[torch.Tensor, None]]:
         if self.fail:
             raise RuntimeError("the forward broke")
         self.calls.append(("many", [list(ids) for ids, _ in steps]))

@@ -10,7 +10,11 @@ layers called as modules: ours from :mod:`engine.cpu.layers`, or ``nn.Linear``).
 ``Forward.step(ids, cache, rows, keep, parents)`` appends ``ids`` to ``cache`` (a
 :class:`KVCache`) and returns the logits of the last ``rows`` new positions ``[rows, V]``
 and, with ``keep``, the final normed hidden states of all of them ``[T, H]`` (the
-features an EAGLE head drafts from). With ``parents`` (row ``i``'s parent row, ``-1``
+features an EAGLE head drafts from). With ``taps`` (ascending layer indices, each below
+the last layer) the kept features are wider: the residual stream after each of those
+layers, then the final normed state, side by side ``[T, (len(taps) + 1) H]`` (the low,
+middle and high features an EAGLE-3 head fuses); the native back end then runs the layers
+in that many calls, one per stretch between taps. With ``parents`` (row ``i``'s parent row, ``-1``
 for the first) the rows are a draft tree of at most :data:`TREE_ROWS`: each sits at the
 position after its parent's and attends to the cache and its own ancestors.
 :class:`Stack` is the same pass for a bare decoder stack fed vectors instead of ids (an
@@ -35,6 +39,7 @@ read in chunks of any size leaves the same cache. Native and reference differ wi
 float32 rounding (norm sums, ``exp``).
 """
 
+import ctypes
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from itertools import pairwise
@@ -279,6 +284,7 @@ class _Decoder:
     # --- native ---------------------------------------------------------------------
 
     def _build_native(self, config: Any) -> None:
+        self._parts: dict[tuple[int, int], kernels.DecoderModel] = {}
         self.structs = (kernels.DecoderLayer * len(self.layers))()
         self.native = kernels.DecoderModel(
             len(self.layers), int(config.hidden_size), self.heads, self.kv_heads,
@@ -323,23 +329,55 @@ class _Decoder:
         return ((emb.cos() * self.rope_scale).to(self.dtype),
                 (emb.sin() * self.rope_scale).to(self.dtype))
 
+    def check_taps(self, taps: Sequence[int]) -> None:
+        """Raise ``ValueError`` unless ``taps`` are ascending layers before the last."""
+        if any(not 0 <= t < len(self.layers) - 1 for t in taps) \
+                or any(a >= b for a, b in pairwise(taps)):
+            raise ValueError(f"feature layers {list(taps)} must ascend, each below the last "
+                             f"of {len(self.layers)} layers")
+
     def run(self, x: torch.Tensor, cache: KVCache, depth: Sequence[int],
-            tree: torch.Tensor | None) -> torch.Tensor:
+            tree: torch.Tensor | None, taps: Sequence[int] = ()) -> torch.Tensor:
         """``x [T, H]`` (new rows at positions ``len(cache) + depth``) through every layer,
-        their keys and values appended to ``cache``; returns the final normed ``[T, H]``."""
+        their keys and values appended to ``cache``; returns the final normed ``[T, H]``,
+        after the residual streams of layers ``taps`` when there are any
+        (``[T, (len(taps) + 1) H]``)."""
         if len(cache.layers) != len(self.layers):
             raise ValueError(f"a cache of {len(cache.layers)} layers for a model of "
                              f"{len(self.layers)}")
+        self.check_taps(taps)
         start = len(cache)
         cos, sin = self.rotary(torch.tensor(list(depth)) + start)
+        tapped: list[torch.Tensor] = []
         if self.native is not None:
-            x = self._run_native(x, cache, start, cos, sin, tree)
+            x = self._run_native(x, cache, start, cos, sin, tree, taps, tapped)
         else:
-            x = self._run_reference(x, cache, start, cos, sin, tree)
-        return rms_norm(x, self.norm.weight, self.eps)
+            x = self._run_reference(x, cache, start, cos, sin, tree, taps, tapped)
+        return torch.cat([*tapped, rms_norm(x, self.norm.weight, self.eps)], dim=-1)
+
+    def _segments(self, taps: Sequence[int]) -> list[tuple[int, int]]:
+        """The stretches of layers ``[a, b)`` run between taps (one without taps)."""
+        bounds = [0, *(t + 1 for t in taps), len(self.layers)]
+        return list(pairwise(bounds))
+
+    def _native_part(self, a: int, b: int) -> kernels.DecoderModel:
+        """The native model of layers ``a .. b - 1`` (pointing into the same structs)."""
+        assert self.native is not None
+        if (a, b) == (0, len(self.layers)):
+            return self.native
+        part = self._parts.get((a, b))
+        if part is None:
+            first = ctypes.cast(ctypes.byref(self.structs, a * ctypes.sizeof(kernels.DecoderLayer)),
+                                ctypes.POINTER(kernels.DecoderLayer))
+            n = self.native
+            part = kernels.DecoderModel(b - a, n.hidden, n.heads, n.kv_heads, n.head_dim,
+                                        n.inter, n.eps, n.scaling, first)
+            self._parts[(a, b)] = part
+        return part
 
     def _run_native(self, x: torch.Tensor, cache: KVCache, start: int, cos: torch.Tensor,
-                    sin: torch.Tensor, tree: torch.Tensor | None) -> torch.Tensor:
+                    sin: torch.Tensor, tree: torch.Tensor | None, taps: Sequence[int],
+                    tapped: list[torch.Tensor]) -> torch.Tensor:
         assert self.native is not None
         if not self._current():
             self._bind()
@@ -350,17 +388,22 @@ class _Decoder:
             struct.kbuf, struct.vbuf = layer.key_buf.data_ptr(), layer.value_buf.data_ptr()
             struct.head_stride = layer.key_buf.stride(0)
         x = x.to(torch.float32).contiguous().clone()[None]  # [1, T, H], updated in place
-        kernels.decoder_step(self.native, x, start, cos.contiguous(), sin.contiguous(), tree)
+        cos, sin = cos.contiguous(), sin.contiguous()
+        for a, b in self._segments(taps):
+            kernels.decoder_step(self._native_part(a, b), x, start, cos, sin, tree)
+            if b < len(self.layers):
+                tapped.append(x[0].clone())  # [T, H] after layer b - 1
         for layer in cache.layers:
             layer.length = start + t
         return x[0]
 
     def run_seqs(self, x: torch.Tensor, caches: Sequence[KVCache], seq: Sequence[int],
-                 pos: Sequence[int]) -> torch.Tensor:
+                 pos: Sequence[int], taps: Sequence[int] = ()) -> torch.Tensor:
         """Rows of several sequences in one native call (see :meth:`Forward.step_many`):
         ``x [T, H]``, row ``t`` at position ``pos[t]`` of ``caches[seq[t]]``; returns the
-        final normed ``[T, H]``."""
+        final normed ``[T, H]`` (after the tapped residual streams, as :meth:`run`)."""
         assert self.native is not None
+        self.check_taps(taps)
         if not self._current():
             self._bind()
         cos, sin = self.rotary(torch.tensor(list(pos)))
@@ -376,21 +419,27 @@ class _Decoder:
                 values.append(layer.value_buf.data_ptr())
                 strides.append(layer.key_buf.stride(0))
         x = x.to(torch.float32).contiguous().clone()  # [T, H], updated in place
-        kernels.decoder_step_seqs(
-            self.native, x, torch.tensor(list(seq), dtype=torch.int32),
-            torch.tensor(list(pos), dtype=torch.int32), cos.contiguous(), sin.contiguous(),
-            torch.tensor(keys, dtype=torch.int64), torch.tensor(values, dtype=torch.int64),
-            torch.tensor(strides, dtype=torch.int64))
+        seqs, poss = (torch.tensor(list(a), dtype=torch.int32) for a in (seq, pos))
+        cos, sin = cos.contiguous(), sin.contiguous()
+        per_seq = [torch.tensor(a, dtype=torch.int64).view(len(caches), -1)  # [S, layers]
+                   for a in (keys, values, strides)]
+        tapped = []
+        for a, b in self._segments(taps):
+            k, v, st = (t[:, a:b].contiguous().view(-1) for t in per_seq)
+            kernels.decoder_step_seqs(self._native_part(a, b), x, seqs, poss, cos, sin, k, v, st)
+            if b < len(self.layers):
+                tapped.append(x.clone())  # [T, H] after layer b - 1
         for cache, count in zip(caches, counts, strict=True):
             for layer in cache.layers:
                 layer.length += count
-        return rms_norm(x, self.norm.weight, self.eps)
+        return torch.cat([*tapped, rms_norm(x, self.norm.weight, self.eps)], dim=-1)
 
     def _run_reference(self, x: torch.Tensor, cache: KVCache, start: int, cos: torch.Tensor,
-                       sin: torch.Tensor, tree: torch.Tensor | None) -> torch.Tensor:
+                       sin: torch.Tensor, tree: torch.Tensor | None, taps: Sequence[int],
+                       tapped: list[torch.Tensor]) -> torch.Tensor:
         t, dh = x.shape[0], self.head_dim
         c, s = cos[:, None], sin[:, None]  # [T, 1, Dh]
-        for layer, kv in zip(self.layers, cache.layers, strict=True):
+        for i, (layer, kv) in enumerate(zip(self.layers, cache.layers, strict=True)):
             h = rms_norm(x, layer.norm1.weight, self.eps)
             q = layer.q(h).view(t, self.heads, dh)
             k = layer.k(h).view(t, self.kv_heads, dh)
@@ -401,6 +450,8 @@ class _Decoder:
             x = x + layer.o(out)
             h = rms_norm(x, layer.norm2.weight, self.eps)
             x = x + layer.down(F.silu(layer.gate(h)) * layer.up(h))
+            if i in taps:
+                tapped.append(x)  # [T, H] after layer i
         return x
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -452,20 +503,24 @@ class Forward:
 
     @torch.inference_mode()
     def step(self, ids: Sequence[int], cache: KVCache, rows: int, keep: bool,
-             parents: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+             parents: Sequence[int] | None = None, taps: Sequence[int] = ()
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits ``[rows, V]`` of the last ``rows`` new positions and, with ``keep``, the
-        final normed hidden states ``[T, H]``; ``rows=0`` skips the output layer (the logits
+        final normed hidden states ``[T, H]`` (after the residual streams of layers
+        ``taps``: ``[T, (len(taps) + 1) H]``); ``rows=0`` skips the output layer (the logits
         are then ``[0, 0]``). ``parents``: a draft tree (see the module)."""
         if not ids:
             raise ValueError("a step needs at least one token")
         tree, depth = _tree(parents, len(ids))
         x = self.embed[torch.tensor(list(ids), dtype=torch.long)]  # [T, H]
-        x = self.decoder.run(x, cache, depth, tree)  # [T, H]
-        logits = self.lm_head(x[len(ids) - rows :]) if rows else x[:0, :0]  # [rows, V]
+        size = x.shape[-1]
+        x = self.decoder.run(x, cache, depth, tree, taps if keep else ())  # [T, F]
+        out = x[:, -size:]  # [T, H] the final normed state
+        logits = self.lm_head(out[len(ids) - rows :]) if rows else x[:0, :0]  # [rows, V]
         return logits, (x if keep else None)
 
-    def read(self, ids: Sequence[int], cache: KVCache, rows: int, keep: bool
-             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def read(self, ids: Sequence[int], cache: KVCache, rows: int, keep: bool,
+             taps: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`step` over any number of ids, in steps of at most :data:`READ_ROWS`
         (the row promise makes the result independent of the split)."""
         logits, features = [], []
@@ -473,7 +528,7 @@ class Forward:
             chunk = ids[start : start + READ_ROWS]
             after = len(ids) - start - len(chunk)  # positions after this chunk
             wanted = max(0, min(len(chunk), rows - after))
-            out, hidden = self.step(chunk, cache, wanted, keep)
+            out, hidden = self.step(chunk, cache, wanted, keep, taps=taps)
             if wanted:
                 logits.append(out)
             if hidden is not None:
@@ -484,8 +539,8 @@ class Forward:
 
     @torch.inference_mode()
     def step_many(self, steps: Sequence[tuple[Sequence[int], KVCache]],
-                  rows: Sequence[int] | None = None, keep: bool = False
-                  ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+                  rows: Sequence[int] | None = None, keep: bool = False,
+                  taps: Sequence[int] = ()) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """New ids of several sequences in one pass (batched decoding): ``steps[b]`` is
         ``(ids, cache)``, the ids appended to that sequence's own cache; returns for each
         what :meth:`step` returns: the logits of its last ``rows[b]`` new positions
@@ -493,7 +548,7 @@ class Forward:
         ``[T_b, H]``. The native back end runs every row in one call, reading the weights
         once for all, and gives each row bit for bit what stepping its sequence alone
         gives (the row promise across sequences); the reference steps each sequence on
-        its own."""
+        its own. ``taps`` as for :meth:`step`."""
         rows = [1] * len(steps) if rows is None else list(rows)
         if not steps or len(rows) != len(steps):
             raise ValueError(f"{len(steps)} sequences and {len(rows)} row counts")
@@ -502,16 +557,18 @@ class Forward:
         if any(not ids or not 0 <= r <= len(ids) for (ids, _), r in zip(steps, rows, strict=True)):
             raise ValueError("every sequence needs at least one id and at most that many rows")
         if self.decoder.native is None:
-            return [self.step(ids, cache, r, keep)
+            return [self.step(ids, cache, r, keep, taps=taps)
                     for (ids, cache), r in zip(steps, rows, strict=True)]
         flat = [int(t) for ids, _ in steps for t in ids]
         seq = [b for b, (ids, _) in enumerate(steps) for _ in ids]
         pos = [len(cache) + i for ids, cache in steps for i in range(len(ids))]
         x = self.embed[torch.tensor(flat, dtype=torch.long)]  # [T, H]
-        x = self.decoder.run_seqs(x, [cache for _, cache in steps], seq, pos)  # [T, H]
+        size = x.shape[-1]
+        x = self.decoder.run_seqs(x, [cache for _, cache in steps], seq, pos,
+                                  taps if keep else ())  # [T, F]
         ends = torch.tensor([len(ids) for ids, _ in steps]).cumsum(0).tolist()
         picked = [i for end, r in zip(ends, rows, strict=True) for i in range(end - r, end)]
-        logits = self.lm_head(x[picked]) if picked else x[:0, :0]  # [sum(rows), V]
+        logits = self.lm_head(x[picked, -size:]) if picked else x[:0, :0]  # [sum(rows), V]
         hidden = x.split([len(ids) for ids, _ in steps]) if keep else [None] * len(steps)
         return list(zip(logits.split(rows), hidden, strict=True))
 

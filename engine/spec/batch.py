@@ -17,6 +17,7 @@ Contract:
   in a batch equals the answer served alone.
 * A prompt is read at most :data:`PROMPT_ROWS` rows per pass, so the others' decoding
   goes on while it is read and a long prompt stalls them for one short chunk at a time.
+* Rows keeping features of different widths (``taps``) run in separate calls.
 * A draft tree's rows (``parents``) need their own mask: such a pass runs on its own,
   right after the shared one.
 * :func:`batched` wraps a runner's forward pass so that calls from a lane's thread are
@@ -48,6 +49,7 @@ class Rows:
     rows: int
     keep: bool
     parents: list[int] | None = None
+    taps: tuple[int, ...] = ()  # layers whose residual streams the kept features add
     result: tuple[torch.Tensor, torch.Tensor | None] | None = None
     error: BaseException | None = None
 
@@ -158,20 +160,21 @@ class Batch:
 def run(posted: Sequence[Rows]) -> None:
     """Compute every posted share: the plain ones of each forward in one call, trees
     alone; an error reaches the lanes whose rows it concerns."""
-    shared: dict[int, list[Rows]] = {}
+    shared: dict[tuple[int, tuple[int, ...]], list[Rows]] = {}
     for rows in posted:
         if rows.parents is None:
-            shared.setdefault(id(rows.forward), []).append(rows)
+            key = (id(rows.forward), rows.taps if rows.keep else ())
+            shared.setdefault(key, []).append(rows)
         else:
             _alone(rows)
-    for group in shared.values():
+    for (_, taps), group in shared.items():
         if len(group) == 1:
             _alone(group[0])
             continue
         fwd = group[0].forward
         try:
             out = fwd.step_many([(r.ids, r.cache) for r in group], [r.rows for r in group],
-                                any(r.keep for r in group))
+                                any(r.keep for r in group), taps)
         except Exception as exc:  # each lane raises it in its own answer
             for r in group:
                 r.error = exc
@@ -182,7 +185,8 @@ def run(posted: Sequence[Rows]) -> None:
 
 def _alone(rows: Rows) -> None:
     try:
-        rows.result = rows.forward.step(rows.ids, rows.cache, rows.rows, rows.keep, rows.parents)
+        rows.result = rows.forward.step(rows.ids, rows.cache, rows.rows, rows.keep, rows.parents,
+                                        rows.taps)
     except Exception as exc:
         rows.error = exc
 
@@ -228,25 +232,28 @@ class BatchedForward:
         return self.forward.new_cache()
 
     def step(self, ids: Sequence[int], cache: Any, rows: int, keep: bool,
-             parents: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+             parents: Sequence[int] | None = None, taps: Sequence[int] = ()
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
         lane = current()
         if lane is None:
-            return self.forward.step(ids, cache, rows, keep, parents)
+            return self.forward.step(ids, cache, rows, keep, parents, taps)
         return lane.post(Rows(self.forward, [int(t) for t in ids], cache, rows, keep,
-                              None if parents is None else [int(p) for p in parents]))
+                              None if parents is None else [int(p) for p in parents],
+                              tuple(taps)))
 
-    def read(self, ids: Sequence[int], cache: Any, rows: int, keep: bool
-             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def read(self, ids: Sequence[int], cache: Any, rows: int, keep: bool,
+             taps: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Like the forward's ``read``; in a lane, :data:`PROMPT_ROWS` rows per pass."""
         lane = current()
         if lane is None:
-            return self.forward.read(ids, cache, rows, keep)
+            return self.forward.read(ids, cache, rows, keep, taps)
         logits, features = [], []
         for start in range(0, len(ids), PROMPT_ROWS):
             chunk = [int(t) for t in ids[start : start + PROMPT_ROWS]]
             after = len(ids) - start - len(chunk)
             wanted = max(0, min(len(chunk), rows - after))
-            out, hidden = lane.post(Rows(self.forward, chunk, cache, wanted, keep))
+            out, hidden = lane.post(Rows(self.forward, chunk, cache, wanted, keep,
+                                         taps=tuple(taps)))
             if wanted:
                 logits.append(out)
             if hidden is not None:

@@ -19,6 +19,10 @@ cache, and a greedy answer cannot depend on what the runner served before.
 With ``keep_hidden(True)`` the runner also keeps, for every cached position, the
 target's final normed hidden state (the feature that feeds ``lm_head``), which EAGLE
 heads draft from; plain decoding leaves it off and pays nothing for it.
+``keep_hidden(True, taps)`` keeps wider features: the residual streams after layers
+``taps`` beside the final normed state (what an EAGLE-3 head fuses; see
+:meth:`~engine.cpu.forward.Forward.step`). Features of one width never mix with
+another's: changing ``taps`` starts over as starting to keep them does.
 
 :meth:`resume` keeps the caches of a few other conversations ("parked"): when a prompt
 shares more with a parked cache than with the current one, the two swap, so a staff
@@ -105,7 +109,8 @@ class ModelRunner(PrefixCache):
         self.model_forward = forward_for(model, lm_head)
         super().__init__(self.model_forward.new_cache())
         self.cache: KVCache
-        self.hidden: torch.Tensor | None = None  # [len(ids), H] while keeping features
+        self.hidden: torch.Tensor | None = None  # [len(ids), F] while keeping features
+        self.taps: tuple[int, ...] = ()  # layers whose residual streams the features add
         self.parked: list[Parked] = []  # most recently parked first
         self.park_limit = PARKED  # caches parked at most
         self.offset = 0  # where in the caller's sequence the cached ids begin (a window)
@@ -135,11 +140,11 @@ class ModelRunner(PrefixCache):
         it comes back. Returns how many of ``ids`` are cached now; :meth:`sync` feeds the
         rest."""
         shared = self.common_prefix(ids)
-        shares = [shared_prefix(p.ids, ids) for p in self.parked]
-        best = max(range(len(shares)), default=None, key=shares.__getitem__)
         keeping = self.hidden is not None
-        if best is not None and shares[best] > shared \
-                and (self.parked[best].hidden is not None or not keeping):
+        shares = [shared_prefix(p.ids, ids) if not keeping or self._fits(p.hidden) else -1
+                  for p in self.parked]  # -1: no features of the width kept now
+        best = max(range(len(shares)), default=None, key=shares.__getitem__)
+        if best is not None and shares[best] > shared:
             chosen = self.parked[best]
             if shares[best] >= len(chosen.ids) - CONTINUING:
                 self.swap_in(best)
@@ -156,7 +161,13 @@ class ModelRunner(PrefixCache):
         (``features``: only caches that hold them count) or not."""
         own = self.common_prefix(ids) if not features or self.hidden is not None else 0
         return max([own, *(shared_prefix(p.ids, ids) for p in self.parked
-                           if not features or p.hidden is not None)])
+                           if not features or self._fits(p.hidden))])
+
+    def _fits(self, hidden: torch.Tensor | None) -> bool:
+        """Whether parked features are of the width kept now (or, kept none, of any)."""
+        if hidden is None:
+            return False
+        return self.hidden is None or hidden.shape[-1] == self.hidden.shape[-1]
 
     def swap_in(self, index: int) -> None:
         """Continue from parked cache ``index``; the current one is parked in its place.
@@ -191,15 +202,18 @@ class ModelRunner(PrefixCache):
                 or sum(len(p.ids) for p in self.parked) > PARKED_TOKENS:
             self.parked.pop()
 
-    def keep_hidden(self, keep: bool) -> None:
-        """Start or stop keeping features. Starting parks the current cache (it has no
-        features; it comes back once features are off again) and starts an empty one."""
+    def keep_hidden(self, keep: bool, taps: Sequence[int] = ()) -> None:
+        """Start or stop keeping features (with the residual streams of layers ``taps``).
+        Starting, or changing ``taps``, parks the current cache (it has no features of
+        that width; it comes back once they are off again) and starts an empty one."""
         if not keep:
             self.hidden = None
             return
-        if self.hidden is None:
+        taps = tuple(int(t) for t in taps)
+        if self.hidden is None or taps != self.taps:
             self.start_over(self.offset)
-            size = int(self.model.config.hidden_size)
+            self.taps = taps
+            size = int(self.model.config.hidden_size) * (len(taps) + 1)
             self.hidden = torch.empty(0, size, dtype=self.model_forward.dtype)
 
     @torch.inference_mode()
@@ -209,14 +223,15 @@ class ModelRunner(PrefixCache):
         Returns: ``[rows, V]`` float logits.
         """
         ids = [int(t) for t in new_ids]
-        logits, hidden = self.model_forward.read(ids, self.cache, rows, self.hidden is not None)
+        logits, hidden = self.model_forward.read(ids, self.cache, rows, self.hidden is not None,
+                                                 taps=self.taps)
         self._extend(ids, hidden)
         return logits  # [rows, V]
 
     def _extend(self, ids: list[int], hidden: torch.Tensor | None) -> None:
         self.ids.extend(ids)
         if self.hidden is not None and hidden is not None:
-            self.hidden = torch.cat([self.hidden, hidden])  # [len(ids), H]
+            self.hidden = torch.cat([self.hidden, hidden])  # [len(ids), F]
 
     @torch.inference_mode()
     def forward_tree(self, new_ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
@@ -226,7 +241,7 @@ class ModelRunner(PrefixCache):
         would give them. The cache then holds all rows; :meth:`keep_path` keeps one path."""
         ids = [int(t) for t in new_ids]
         logits, hidden = self.model_forward.step(ids, self.cache, len(ids),
-                                                 self.hidden is not None, parents)
+                                                 self.hidden is not None, parents, self.taps)
         self._extend(ids, hidden)
         return logits  # [T, V]
 
