@@ -1,5 +1,18 @@
 """The EAGLE head: ``fc([feature; embedding]) -> one Llama decoder layer -> feature``.
 
+EAGLE-3 (Li et al. 2025): a head whose config names ``feature_layers`` reads wider target
+features, the residual streams after those (low and middle) layers beside the final
+normed state (the high one), ``[.., (len(feature_layers) + 1) H]``, and fuses them into
+the ``[.., H]`` its first draft step reads; its later draft steps read its own
+predictions, as EAGLE-1's do. The fusion is the final normed state plus a rank-``r``
+linear map of the low and middle ones (``fuse_up(fuse_down(.))``, no biases): where
+EAGLE-3 learns one ``3H -> H`` map, this one costs ``3 r H`` weights instead of ``3 H²``
+(2.4 MB in float16 at ``r = 256`` for Qwen's ``H = 1536``, against 14 MB: what keeps the
+head file within 40 MB) and starts, with ``fuse_up`` zero, as the EAGLE-1 head it is made
+from. :meth:`EagleHead.fused` is that map (for an EAGLE-1 head, the final normed part as it
+is), so the rest of the head is the same for both; :func:`with_fusion` makes an EAGLE-3
+head from an EAGLE-1 one that starts out computing exactly what it did.
+
 Contract: given the target's final normed hidden states ``f_i`` ``[B, T, H]`` and the
 target's input embeddings of the tokens that follow them ``e(x_{i+1})`` ``[B, T, H]``,
 :meth:`EagleHead.forward` predicts ``f_{i+1}`` ``[B, T, H]``; the target's own frozen
@@ -12,7 +25,7 @@ with it); its own token embedding table has a single unused row.
 """
 
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -32,9 +45,21 @@ class HeadConfig:
     rope_theta: float
     rms_norm_eps: float
     max_positions: int
+    feature_layers: tuple[int, ...] = ()  # EAGLE-3: target layers fused with the final state
+    fuse_rank: int = 256  # rank of the fusion of those layers' features (with feature_layers)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "feature_layers", tuple(int(t) for t in self.feature_layers))
+
+    @property
+    def feature_size(self) -> int:
+        """Width of the target features the head reads: ``(len(feature_layers) + 1) H``."""
+        return self.hidden_size * (len(self.feature_layers) + 1)
 
     @classmethod
-    def for_target(cls, config: Any, intermediate_size: int | None = None) -> "HeadConfig":
+    def for_target(cls, config: Any, intermediate_size: int | None = None,
+                   feature_layers: tuple[int, ...] = (), fuse_rank: int = 256
+                   ) -> "HeadConfig":
         """A head shaped like one of the target's layers (optionally a smaller MLP)."""
         heads = int(config.num_attention_heads)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -47,6 +72,7 @@ class HeadConfig:
             intermediate_size=int(intermediate_size or config.intermediate_size),
             rope_theta=float(theta), rms_norm_eps=float(getattr(config, "rms_norm_eps", 1e-6)),
             max_positions=int(getattr(config, "max_position_embeddings", 2048)),
+            feature_layers=feature_layers, fuse_rank=fuse_rank,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -71,12 +97,30 @@ class EagleHead(nn.Module):
         self.config = config
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=True)
         self.decoder = LlamaModel(config.llama_config())
+        size, low = config.hidden_size, config.feature_size - config.hidden_size
+        self.fuse_down = nn.Linear(low, config.fuse_rank, bias=False) if low else None
+        self.fuse_up = nn.Linear(config.fuse_rank, size, bias=False) if low else None
+
+    @property
+    def fuses(self) -> bool:
+        """Whether the head fuses lower layers' features (EAGLE-3)."""
+        return self.fuse_down is not None
+
+    def fused(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's features ``[.., F]`` as the first draft step's input ``[.., H]``:
+        the final normed part plus the low-rank map of the rest."""
+        size = self.config.hidden_size
+        final = features[..., -size:]
+        if self.fuse_down is None or self.fuse_up is None:
+            return final
+        return final + self.fuse_up(self.fuse_down(features[..., :-size]))
 
     def forward(
         self, features: torch.Tensor, embeds: torch.Tensor, cache: DynamicCache | None = None,
         positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``features``, ``embeds`` ``[B, T, H]`` -> predicted next features ``[B, T, H]``.
+        """``features``, ``embeds`` ``[B, T, H]`` -> predicted next features ``[B, T, H]``;
+        ``features`` are the target's (through :meth:`fused`) or the head's own predictions.
 
         ``positions`` ``[B, T]`` and an additive ``mask`` ``[B, 1, T, T]`` replace the
         default consecutive positions and causal mask (training-time unrolling)."""
@@ -87,6 +131,29 @@ class EagleHead(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def feature_layers_for(layers: int) -> tuple[int, ...]:
+    """The low and middle layers an EAGLE-3 head fuses for a target of ``layers`` layers
+    (after its second layer and at its middle; the final normed state is the high one)."""
+    if layers < 4:
+        raise ValueError(f"a target of {layers} layers is too shallow for fused features")
+    return (1 if layers > 4 else 0, layers // 2 - 1)
+
+
+def with_fusion(base: EagleHead, feature_layers: tuple[int, ...]) -> EagleHead:
+    """An EAGLE-3 head made from ``base`` (its weights copied) whose fusion at first passes
+    the final normed part through unchanged: it drafts exactly as ``base`` does."""
+    if base.fuses:
+        raise ValueError("the head already fuses features")
+    if not feature_layers:
+        raise ValueError("fusing needs at least one lower layer")
+    head = EagleHead(replace(base.config, feature_layers=feature_layers))
+    head.load_state_dict(base.state_dict(), strict=False)
+    assert head.fuse_up is not None
+    with torch.no_grad():
+        head.fuse_up.weight.zero_()  # the low-rank part adds nothing yet
+    return head.to(next(base.parameters()).dtype)
 
 
 def draft_step_layout(n: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,14 +179,14 @@ def draft_steps(head: EagleHead, features: torch.Tensor, embeds: torch.Tensor, s
     """The head's predicted features at draft steps ``1..steps`` after every context row,
     as drafting gives them, in one forward per step (training and evaluation).
 
-    ``features`` ``[B, n, H]`` are the context rows' target features, ``embeds`` ``[B, n, H]``
+    ``features`` ``[B, n, F]`` are the context rows' target features, ``embeds`` ``[B, n, H]``
     the embeddings of the tokens that follow them (step ``s`` of the chain after row ``j``
     reads ``embeds[:, j + s - 1]``). Step ``s`` yields ``[B, n - s + 1, H]``: row ``j``
     predicts ``f_{j+s}``. Uses a plain ``DynamicCache``, so gradients flow through it.
     """
     n = features.shape[1]
     cache = DynamicCache(config=head.decoder.config) if steps > 1 else None
-    pred = head(features, embeds, cache=cache)  # [B, n, H]
+    pred = head(head.fused(features), embeds, cache=cache)  # [B, n, H]
     yield pred
     for step in range(2, min(steps, n) + 1):
         rows = n - step + 1

@@ -270,7 +270,8 @@ def measure(target: Any, drafters: Mapping[str, Drafter], key: str, budget_s: fl
     features = None
     if any(d.wants_hidden for d in drafters.values()):
         seeing = ModelRunner(target)
-        seeing.keep_hidden(True)
+        seeing.keep_hidden(True, next(d.feature_layers for d in drafters.values()
+                                      if d.wants_hidden))
         seeing.sync(context[:-1])
         features = seeing.hidden
         yield

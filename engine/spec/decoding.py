@@ -170,7 +170,7 @@ def decode(
     generator = generator or make_generator(params.seed)
     context = list(prompt)
     wants_hidden = drafter is not None and drafter.wants_hidden
-    target.keep_hidden(wants_hidden)
+    target.keep_hidden(wants_hidden, drafter.feature_layers if drafter is not None else ())
     target.sync(context[:-1])
     ready = not (first_token_first and drafter is not None and drafter.reads_prompt)
     if ready:

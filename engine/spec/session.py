@@ -618,11 +618,15 @@ class ChatEngine:
         return choose(predictions, kind, FALLBACK_METHOD)
 
     def speculation_report(self) -> dict[str, Any]:
-        """The calibration and ``auto``'s choice per kind, as the worker reports them."""
+        """The calibration, ``auto``'s choice per kind and the draft head in use (what
+        :func:`engine.spec.drafters.eagle.eagle_for` says of it; ``None`` without one), as
+        the worker reports them."""
+        eagle = self.drafters.get("eagle")
         return {
             "calibration": None if self.calibration is None else self.calibration.summary(),
             "overall": self.choice(None).to_json(),
             "kinds": {kind: self.choice(kind).to_json() for kind in KINDS},
+            "head": None if eagle is None else dict(getattr(eagle, "info", {})),
         }
 
     def _learn(self, method: str, kind: str | None, steps: list[Step],
@@ -705,7 +709,8 @@ class ChatEngine:
         recorder = StatsRecorder(method, method != "off", len(prompt), adaptive=adaptive)
         runner, drafters = self._cold(slot) if cold else (slot.runner, slot.drafters)
         drafter = drafters.get(method)
-        runner.keep_hidden(drafter is not None and drafter.wants_hidden)
+        runner.keep_hidden(drafter is not None and drafter.wants_hidden,
+                           drafter.feature_layers if drafter is not None else ())
         # another conversation's parked cache, if it fits
         recorder.cached_tokens = runner.resume(prompt[:-1])
         read = yield from self._read_prompt(runner, prompt[:-1], cancel)  # the drafter's later

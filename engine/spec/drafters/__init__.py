@@ -13,7 +13,9 @@ decoding loop uses, each with a default, so the loop never probes for one:
   proposals the target kept (default: ignored).
 * ``wants_hidden`` (default ``False``) and ``observe_hidden(features)``: the loop hands
   over the target's final hidden states of ``context[:-1]`` (``[len(context) - 1, H]``)
-  before each ``propose`` and ``prefill`` (EAGLE heads).
+  before each ``propose`` and ``prefill`` (EAGLE heads); with ``feature_layers`` (default
+  none) the residual streams after those target layers come first, side by side
+  (``[len(context) - 1, (len(feature_layers) + 1) H]``, EAGLE-3 heads).
 * ``reads_prompt`` (default ``False``) and ``prefill(context)``: a drafter with a model
   of its own catches up with the prompt before the first pass, so that this one-off cost
   counts as prompt processing and not as the cost of drafting a token, which the adaptive
@@ -88,6 +90,7 @@ class Drafter:
 
     name: str = "drafter"
     wants_hidden: bool = False  # the loop hands over the target's features
+    feature_layers: tuple[int, ...] = ()  # target layers whose residual streams come too
     reads_prompt: bool = False  # prefill reads the prompt into a model of its own
     parts: tuple[str, ...] = ()  # the engine's drafters it drafts with, pass by pass
 

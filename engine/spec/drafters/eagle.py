@@ -1,7 +1,9 @@
 """Drafting with an EAGLE head (Li et al. 2024) on the target's own features.
 
 The head reads the target's final normed hidden state ``f_i`` (kept by the runner
-during verification: no extra target forward) and the embedding of the token that
+during verification: no extra target forward; an EAGLE-3 head also reads the residual
+streams of the layers it names, ``feature_layers``, which the runner then keeps beside it,
+and fuses them: :meth:`engine.heads.model.EagleHead.fused`) and the embedding of the token that
 followed it, predicts the next feature, and the target's own ``lm_head`` module turns
 that into logits. The head keeps its own KV cache with one entry per context position
 whose target feature is known (a :class:`~engine.spec.runner.PrefixCache`, as the
@@ -34,7 +36,7 @@ import torch
 
 from engine.cpu import Stack, int8_layers
 from engine.errors import EngineError
-from engine.heads.files import find_head, load_head
+from engine.heads.files import SHIPPED, find_head, load_head
 from engine.heads.model import EagleHead
 from engine.models.loading import LoadedModel
 from engine.spec.drafters import EMPTY_DRAFT, Draft, Drafter
@@ -65,24 +67,34 @@ class EagleDrafter(Drafter):
         self.lm_head = draft_head(target.get_output_embeddings(), keep_ids, tokenizer,
                                   draft_vocab, int4_vocab)
         self.embed = target.get_input_embeddings()
+        self.feature_layers = head.config.feature_layers  # what the runner keeps
+        self.info: dict[str, Any] = {"kind": head_kind(head)}  # what the worker reports
         self.min_confidence = min_confidence
         self.branches, self.min_branch = branches, min_branch  # tree drafting (tree.py)
-        self.features: torch.Tensor | None = None  # [len(context) - 1, H] from the target
+        self.features: torch.Tensor | None = None  # [len(context) - 1, F] from the target
         # entry i: feature i with the token after it, so the ids run one ahead of the entries
         self.kv = PrefixCache(self.stack.new_cache(), lag=1)
 
     def observe_hidden(self, features: torch.Tensor | None) -> None:
-        """The target's features of ``context[:-1]`` (``[len(context) - 1, H]``)."""
-        self.features = features
+        """The target's features of ``context[:-1]`` (``[len(context) - 1, F]``); features
+        of another width (kept for another head) are not used."""
+        width = self.head.config.feature_size
+        self.features = features if features is not None and features.shape[-1] == width \
+            else None
 
 
     def reset(self) -> None:
         self.kv = PrefixCache(self.stack.new_cache(), lag=1)
 
-    def _step(self, features: torch.Tensor, ids: Sequence[int]) -> torch.Tensor:
-        """Feed entries ``(features [T, H], ids [T])``; return the last predicted feature."""
+    def _step(self, features: torch.Tensor, ids: Sequence[int], target: bool = True
+              ) -> torch.Tensor:
+        """Feed entries ``(features, ids [T])``: the target's ``[T, F]`` (fused here) or,
+        with ``target=False``, the head's own ``[T, H]``; return the last predicted feature
+        ``[1, H]``."""
         embeds = self.embed(torch.tensor(list(ids), dtype=torch.long))  # [T, H]
-        f, e = features.to(self.dtype), embeds.to(self.dtype)  # [T, H] each
+        f, e = features.to(self.dtype), embeds.to(self.dtype)
+        if target:
+            f = self.head.fused(f)  # [T, H]
         out = self.stack(self.head.fc(torch.cat([f, e], dim=-1)), self.kv.cache)  # [T, H]
         return out[-1:].to(features.dtype)  # [1, H]
 
@@ -126,8 +138,13 @@ class EagleDrafter(Drafter):
             levels.append(choose(logits, params, generator, self.branches and 1, position + i))
             if levels[-1].confidence < self.min_confidence or i + 1 == k:
                 break
-            feature = self._step(feature, [levels[-1].token])  # [1, H]
+            feature = self._step(feature, [levels[-1].token], target=False)  # [1, H]
         return branch(levels, self.branches, self.min_branch)
+
+
+def head_kind(head: EagleHead) -> str:
+    """``"EAGLE-3"`` for a head fusing several target layers, else ``"EAGLE-1"``."""
+    return "EAGLE-3" if head.config.feature_layers else "EAGLE-1"
 
 
 def quantize_head(head: EagleHead) -> EagleHead:
@@ -156,6 +173,14 @@ def eagle_for(
             raise
         log.warning("not offering eagle: %s", exc)
         return None
-    log.info("eagle head %s (held-out acceptance %s)", path, info.held_out_acceptance)
-    return EagleDrafter(quantize_head(head), target.model, keep_ids=sorted(target.eos_ids),
-                        tokenizer=target.tokenizer)
+    log.info("eagle head %s (%s, held-out acceptance %s)", path, head_kind(head),
+             info.held_out_acceptance)
+    drafter = EagleDrafter(quantize_head(head), target.model, keep_ids=sorted(target.eos_ids),
+                           tokenizer=target.tokenizer)
+    drafter.info.update(
+        file=path.name, shipped=path.parent.resolve() == SHIPPED.resolve(),
+        feature_layers=list(info.config.feature_layers), training_tokens=info.corpus_tokens,
+        teacher_forced=bool(info.extra.get("teacher_forced")),
+        held_out_acceptance=info.held_out_acceptance,
+        held_out_chain_accepted=info.extra.get("held_out_chain_accepted"))
+    return drafter
