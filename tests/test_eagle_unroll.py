@@ -101,6 +101,26 @@ def test_answers_resume_from_their_first_prompt_only(tiny_folder: Path, tmp_path
         answers.main([*common, "--prompts", "4"])
 
 
+def test_text_only_answers_write_chats_that_resume_and_name_their_prompts(
+        tiny_folder: Path, tmp_path: Path) -> None:
+    data = tmp_path / "chats"
+    common = ["--target", str(tiny_folder), "--out", str(data), "--max-tokens", "5",
+              "--text-only", "--skip", "2"]
+    assert answers.main([*common, "--prompts", "2", "--batch", "2"]) == 0
+    assert answers.main([*common, "--prompts", "3", "--batch", "1"]) == 0
+    text = data.with_name(data.name + ".jsonl")
+    chats = [json.loads(line) for line in text.read_text().splitlines()]
+    assert [c["prompt"] for c in chats] == [2, 3, 4]
+    assert [c["messages"][0]["content"] for c in chats] == [t for _, t in answers.prompts()[2:5]]
+    assert all(c["messages"][1]["role"] == "assistant" for c in chats)
+    assert not data.exists()  # no labels were kept
+    with pytest.raises(SystemExit, match="--skip 2"):
+        answers.main([*common[:-2], "--prompts", "4"])
+    text.write_text(text.read_text() + "not json\n")
+    with pytest.raises(SystemExit, match="line 4"):
+        answers.main([*common, "--prompts", "5"])
+
+
 def reference_chain(head: EagleHead, target: torch.nn.Module, data: train.Features,
                     steps: int) -> float:
     """Draft each chain with the head's cache, feeding its own tokens: accepted per chain."""

@@ -13,7 +13,10 @@ batched step per token for all of them (the weights read once for all; the same 
 bit for bit, where the forward runs natively). The command appends records to ``--out`` (a
 ``torch.save`` file, rewritten atomically every few answers, resumed by a rerun; with
 ``--skip N`` it starts at prompt ``N``) and the conversations as JSON lines to ``--out`` +
-``.jsonl``; ``train --answers FILE`` trains on them.
+``.jsonl``; ``train --answers FILE`` trains on them. With ``--text-only`` only the
+conversations are written (each line names its prompt, and a rerun resumes after the last
+one): the way a cheaper model (the draft model) writes chats for teacher forcing
+(``train --conversations FILE.jsonl``), where its own labels would be of no use.
 
 Why: EAGLE heads accept most on text like the target's own output (the head learns to
 predict the target, and the target's answers are what it drafts at run time); the
@@ -316,6 +319,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skip", type=int, default=0,
                    help="start at this prompt of the list (the head to fine-tune has seen those "
                         "before it)")
+    p.add_argument("--text-only", action="store_true",
+                   help="write only the conversations (FILE.jsonl), not the labels: for chats "
+                        "written by another model, to be teacher-forced through the target")
     p.add_argument("--accel", default="auto")
     p.add_argument("--data-dir", default=None)
     args = p.parse_args(argv)
@@ -326,22 +332,48 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def answered_prompts(path: Path) -> list[int]:
+    """The prompt indices of the conversations in ``path`` (JSON lines; an older line
+    without one counts as unknown, -1); a damaged line is a clear error."""
+    if not path.is_file():
+        return []
+    found = []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                found.append(int(json.loads(line).get("prompt", -1)))
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise SystemExit(f"{path}, line {n}, is not a conversation of this command "
+                                 f"({exc}); move the file aside") from exc
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    records, first = _load(args.out)
-    if records and first != args.skip:
-        raise SystemExit(f"{args.out} holds answers from prompt {first} on: rerun with "
-                         f"--skip {first} to extend it, or write another file")
+    text_path = args.out.with_name(args.out.name + ".jsonl")
+    if args.text_only:
+        earlier = answered_prompts(text_path)
+        if earlier and earlier[0] != args.skip:
+            raise SystemExit(f"{text_path} holds answers from prompt {earlier[0]} on: rerun "
+                             f"with --skip {earlier[0]} to extend it, or write another file")
+        records: list[Record] = []
+        start = args.skip + len(earlier)
+    else:
+        records, first = _load(args.out)
+        if records and first != args.skip:
+            raise SystemExit(f"{args.out} holds answers from prompt {first} on: rerun with "
+                             f"--skip {first} to extend it, or write another file")
+        start = args.skip + len(records)
     from engine.heads.train import load_target
 
     loaded = load_target(args.target, args.data_dir, args.accel)
     runners, tok = [ModelRunner(loaded.model) for _ in range(args.batch)], loaded.tokenizer
     batched = args.batch > 1
-    todo = prompts()[args.skip + len(records) : args.skip + args.prompts]
-    started, tokens = time.perf_counter(), 0
+    todo = prompts()[start : args.skip + args.prompts]
+    started, tokens, answered = time.perf_counter(), 0, 0
     pending: list[str] = []  # conversations written with the records that hold them
-    with args.out.with_name(args.out.name + ".jsonl").open("a", encoding="utf-8") as text:
+    with text_path.open("a", encoding="utf-8") as text:
         for i in range(0, len(todo), args.batch):
             chunk = todo[i : i + args.batch]
             chats = [[{"role": "user", "content": prompt}] for _, prompt in chunk]
@@ -353,21 +385,26 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 done = [answer(runners[0], one, args.max_tokens, loaded.eos_ids, args.top_k)
                         for one in ids]
-            for (kind, _), messages, (record, answer_ids) in zip(chunk, chats, done, strict=True):
-                records.append(record)
+            for n, ((kind, _), messages, (record, answer_ids)) in enumerate(
+                    zip(chunk, chats, done, strict=True)):
+                if not args.text_only:
+                    records.append(record)
                 tokens += len(answer_ids)
                 reply = tok.decode(answer_ids, skip_special_tokens=True)
-                pending.append(json.dumps({"kind": kind, "messages": [
+                pending.append(json.dumps({"kind": kind, "prompt": start + i + n, "messages": [
                     *messages, {"role": "assistant", "content": reply}]}, ensure_ascii=False))
+            answered += len(chunk)
             if len(pending) >= args.save_every or i + len(chunk) == len(todo):
-                save_records(args.out, records, args.skip)
+                if not args.text_only:
+                    save_records(args.out, records, args.skip)
                 text.write("".join(line + "\n" for line in pending))
                 text.flush()
                 pending.clear()
             rate = tokens / (time.perf_counter() - started)
-            sys.stderr.write(f"\ranswered {len(records)} prompts, {rate:.1f} answer tok/s ")
+            sys.stderr.write(f"\ranswered {start + answered} prompts, {rate:.1f} answer tok/s ")
     sys.stderr.write("\n")
-    log.info("%d answers in %s", len(records), args.out)
+    log.info("%d answers in %s", start - args.skip + answered,
+             text_path if args.text_only else args.out)
     return 0
 
 

@@ -69,9 +69,10 @@ def definitions(tree: ast.Module, source: str) -> Iterator[Definition]:
                              ast.get_docstring(node) or "")
 
 
-def _records(module: str, source: str) -> Iterator[list[dict[str, str]]]:
-    """Chat records for one module's source text."""
-    tree = ast.parse(source)
+def records(module: str, source: str, tree: ast.Module | None = None
+            ) -> Iterator[list[dict[str, str]]]:
+    """Chat records for one module's source text (``tree``: its parse, if at hand)."""
+    tree = ast.parse(source) if tree is None else tree
     name = module.removesuffix("/__init__").replace("/", ".")
     doc = ast.get_docstring(tree)
     if doc and len(doc) >= MIN_DOC_CHARS:
@@ -87,14 +88,14 @@ def _records(module: str, source: str) -> Iterator[list[dict[str, str]]]:
 
 def build(out: Path = DEFAULT) -> int:
     """Write the corpus from this interpreter's standard library; return the record count."""
-    records: list[list[dict[str, str]]] = []
+    found: list[list[dict[str, str]]] = []
     for module, source in module_sources():
-        records.extend(_records(module, source))
+        found.extend(records(module, source))
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", encoding="utf-8") as f:
-        for messages in records:
+        for messages in found:
             f.write(json.dumps({"messages": messages}, ensure_ascii=False) + "\n")
-    return len(records)
+    return len(found)
 
 
 def load(path: Path = DEFAULT) -> list[list[dict[str, str]]]:

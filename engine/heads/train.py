@@ -42,7 +42,13 @@ import torch.nn.functional as F
 from engine.heads import answers, history
 from engine.heads import corpus as corpus_mod
 from engine.heads.files import HeadInfo, load_head, save_head
-from engine.heads.model import EagleHead, HeadConfig, draft_steps
+from engine.heads.model import (
+    EagleHead,
+    HeadConfig,
+    draft_steps,
+    feature_layers_for,
+    with_fusion,
+)
 from engine.spec.runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -53,7 +59,8 @@ class Features:
     """What the target produced over the training windows (``N`` windows of ``L``)."""
 
     ids: torch.Tensor  # [N, L] token ids
-    hidden: torch.Tensor  # [N, L, H] final normed hidden states (float16)
+    hidden: torch.Tensor  # [N, L, F] final normed hidden states (float16), after the
+    # residual streams of the fused layers for an EAGLE-3 head (F = (layers + 1) H)
     top_ids: torch.Tensor  # [N, L, K] the target's most likely next tokens
     top_probs: torch.Tensor  # [N, L, K] their probabilities (float16)
 
@@ -84,13 +91,15 @@ def windows(tokenizer: Any, conversations: list[list[dict[str, str]]], seq_len: 
 
 
 @torch.no_grad()
-def extract(model: Any, ids: torch.Tensor, top_k: int, progress: bool = True) -> Features:
+def extract(model: Any, ids: torch.Tensor, top_k: int, progress: bool = True,
+            taps: tuple[int, ...] = ()) -> Features:
     """Run the target over each window (the engine's forward, teacher forcing: the very
-    features drafting sees); keep features and top-k next-token probabilities."""
+    features drafting sees, with the residual streams of layers ``taps``); keep features
+    and top-k next-token probabilities."""
     hidden, top_ids, top_probs = [], [], []
     started = time.perf_counter()
     runner = ModelRunner(model)
-    runner.keep_hidden(True)
+    runner.keep_hidden(True, taps)
     for i, window in enumerate(ids):
         runner.reset()
         probs = runner.forward(window.tolist(), rows=len(window)).float().softmax(-1)  # [L, V]
@@ -150,8 +159,9 @@ def batch_losses(head: EagleHead, embed: Any, w_s: torch.Tensor, lookup: torch.T
     context and its own chain only (:func:`~engine.heads.model.draft_steps`); those
     steps' losses count ``later_weight`` each against the first step's 1.
     """
-    f = batch.hidden.float()  # [B, L, H]
+    f = batch.hidden.float()  # [B, L, F]
     inputs = f[:, :-1]
+    f = f[..., -head.config.hidden_size :]  # [B, L, H] the final normed part: the targets
     if noise:
         inputs = inputs + (torch.rand_like(inputs) * 2 - 1) * noise
     with torch.no_grad():
@@ -203,56 +213,75 @@ class TrainSetup:
     checkpoint_every: int
     unroll: int = 1  # draft steps trained (1: the first step only, as EAGLE-1)
     later_weight: float = 0.5  # loss weight of each later step
+    reg_weight: float = 1.0  # weight of the feature regression (EAGLE-3 drops it: 0)
+
+
+def optimiser(setup: TrainSetup) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(setup.head.parameters(), lr=setup.lr, weight_decay=0.0)
+
+
+def resume(setup: TrainSetup, opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """The checkpoint's state loaded into the head and ``opt`` (empty when there is none)."""
+    if not setup.checkpoint.is_file():
+        return {}
+    state = torch.load(setup.checkpoint, weights_only=True)
+    setup.head.load_state_dict(state["head"])
+    opt.load_state_dict(state["opt"])
+    log.info("resumed from %s at step %d", setup.checkpoint, int(state["step"]))
+    return dict(state)
+
+
+def train_step(setup: TrainSetup, opt: torch.optim.Optimizer, batch: Features, step: int
+               ) -> tuple[float, float, float]:
+    """One optimiser step of ``setup.head`` on ``batch``: (loss, regression, CE)."""
+    for group in opt.param_groups:
+        group["lr"] = learning_rate(step, setup.steps, setup.lr)
+    reg, ce = batch_losses(setup.head, setup.embed, setup.w_s, setup.lookup, batch,
+                           setup.noise, setup.unroll, setup.later_weight)
+    loss = setup.reg_weight * reg + setup.ce_weight * ce
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(setup.head.parameters(), 1.0)
+    opt.step()
+    return float(loss.detach()), float(reg.detach()), float(ce.detach())
 
 
 def train(setup: TrainSetup, data: Features, seed: int = 0) -> list[float]:
     """Train ``setup.head`` in place, resuming from the checkpoint; return the step losses."""
-    head = setup.head.train()
-    opt = torch.optim.AdamW(head.parameters(), lr=setup.lr, weight_decay=0.0)
-    step, losses = 0, []
-    if setup.checkpoint.is_file():
-        state = torch.load(setup.checkpoint, weights_only=True)
-        head.load_state_dict(state["head"])
-        opt.load_state_dict(state["opt"])
-        step, losses = int(state["step"]), list(state["losses"])
-        log.info("resumed from %s at step %d", setup.checkpoint, step)
+    setup.head.train()
+    opt = optimiser(setup)
+    state = resume(setup, opt)
+    step, losses = int(state.get("step", 0)), list(state.get("losses", []))
     gen = torch.Generator().manual_seed(seed)
     orders = [torch.randperm(len(data), generator=gen) for _ in range(setup.steps)]
     started, first = time.perf_counter(), step
     while step < setup.steps:
         pos = (step * setup.batch) % len(data)
         rows = orders[step * setup.batch // len(data)][pos : pos + setup.batch]
-        for group in opt.param_groups:
-            group["lr"] = learning_rate(step, setup.steps, setup.lr)
-        reg, ce = batch_losses(head, setup.embed, setup.w_s, setup.lookup, data.subset(rows),
-                               setup.noise, setup.unroll, setup.later_weight)
-        loss = reg + setup.ce_weight * ce
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        opt.step()
+        loss, reg, ce = train_step(setup, opt, data.subset(rows), step)
         step += 1
-        losses.append(float(loss.detach()))
+        losses.append(loss)
         if step % 5 == 0 or step == setup.steps:
-            _report(step, setup.steps, float(reg.detach()), float(ce.detach()), started, first)
+            report(step, setup.steps, reg, ce, started, first)
         if step % setup.checkpoint_every == 0 or step == setup.steps:
-            _save_checkpoint(setup.checkpoint, head, opt, step, losses)
+            save_checkpoint(setup.checkpoint, setup.head, opt, step, losses)
     sys.stderr.write("\n")
     return losses
 
 
-def _report(step: int, total: int, reg: float, ce: float, started: float, first: int) -> None:
+def report(step: int, total: int, reg: float, ce: float, started: float, first: int,
+           extra: str = "") -> None:
     elapsed = time.perf_counter() - started
     eta = elapsed / max(1, step - first) * (total - step)
-    sys.stderr.write(f"\rstep {step}/{total}  reg {reg:.4f}  ce {ce:.3f}  "
+    sys.stderr.write(f"\rstep {step}/{total}  reg {reg:.4f}  ce {ce:.3f}  {extra}"
                      f"{elapsed:.0f}s elapsed, ~{eta:.0f}s left ")
 
 
-def _save_checkpoint(path: Path, head: EagleHead, opt: Any, step: int,
-                     losses: list[float]) -> None:
+def save_checkpoint(path: Path, head: EagleHead, opt: Any, step: int,
+                    losses: list[float], **more: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
     torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step,
-                "losses": losses}, tmp)
+                "losses": losses, **more}, tmp)
     tmp.replace(path)
 
 
@@ -304,13 +333,15 @@ def held_out(head: EagleHead, embed: Any, lm_head: Any, data: Features, steps: i
 
 
 def load_features(model: Any, tokenizer: Any, args: argparse.Namespace,
-                  conversations: list[list[dict[str, str]]], cache: Path) -> Features:
-    """Target features for the corpus, cached next to the output for resumed runs.
+                  conversations: list[list[dict[str, str]]], cache: Path,
+                  taps: tuple[int, ...] = ()) -> Features:
+    """Target features for the corpus (with the residual streams of layers ``taps``),
+    cached next to the output for resumed runs.
 
     The cache is reused only if it was made from the same corpus and settings.
     """
     source = args.history or args.conversations or args.corpus
-    key = [str(source), args.tokens, args.seq_len, args.top_k, args.accel]
+    key = [str(source), args.tokens, args.seq_len, args.top_k, args.accel, list(taps)]
     if cache.is_file():
         saved = torch.load(cache, weights_only=True)
         if saved.pop("key", None) == key:
@@ -321,7 +352,7 @@ def load_features(model: Any, tokenizer: Any, args: argparse.Namespace,
         held = sum(len(chat_ids(tokenizer, m)) for m in conversations)
         raise SystemExit(f"the conversations hold {held} tokens, too few for two windows of "
                          f"{args.seq_len}; chat more first (or lower --seq-len)")
-    data = extract(model, ids, args.top_k)
+    data = extract(model, ids, args.top_k, taps=taps)
     torch.save({**vars(data), "key": key}, cache)
     return data
 
@@ -355,12 +386,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--unroll", type=int, default=1,
                    help="draft steps trained per position (2+: also on its own predictions)")
     p.add_argument("--later-weight", type=float, default=0.5, help="loss weight of steps 2+")
+    p.add_argument("--reg-weight", type=float, default=1.0,
+                   help="weight of the feature regression loss (EAGLE-3 trains on CE alone: 0)")
+    p.add_argument("--fuse", action="store_true",
+                   help="an EAGLE-3 head: fuse low and middle layers' features with the final "
+                        "one (with --init, made from that head, drafting as it did at first)")
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--accel", default="auto", help="target acceleration (as the engine runs)")
     p.add_argument("--data-dir", default=None)
     args = p.parse_args(argv)
     if args.unroll < 1:
         p.error("--unroll must be at least 1 (1 trains the first draft step only)")
+    if args.fuse and args.answers:
+        p.error("--answers records hold only the final features: a --fuse head needs "
+                "--corpus, --conversations or --history (teacher-forced)")
     return args
 
 
@@ -378,10 +417,15 @@ def split(data: Features, held_out: float) -> tuple[Features, Features]:
 
 
 def initial_head(args: argparse.Namespace, loaded: Any) -> tuple[EagleHead, EagleHead | None]:
-    """A new head, or a copy of ``--init`` to fine-tune (then also returned unchanged)."""
+    """A new head, or a copy of ``--init`` to fine-tune (then also returned unchanged);
+    with ``--fuse`` an EAGLE-3 one (from an EAGLE-1 ``--init``: :func:`with_fusion`)."""
+    config = loaded.model.config
+    layers = feature_layers_for(int(config.num_hidden_layers)) if args.fuse else ()
     if args.init is None:
-        return EagleHead(HeadConfig.for_target(loaded.model.config, args.intermediate)), None
+        return EagleHead(HeadConfig.for_target(config, args.intermediate, layers)), None
     base, _ = load_head(args.init, loaded.name, loaded.sha256, loaded.model)
+    if args.fuse and not base.fuses:
+        return with_fusion(base, layers), base
     head = EagleHead(base.config)
     head.load_state_dict(base.state_dict())
     return head, base
@@ -428,20 +472,21 @@ def main(argv: list[str] | None = None) -> int:
     embed, lm_head = loaded.model.get_input_embeddings(), loaded.model.get_output_embeddings()
     out: Path = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
+    head, base = initial_head(args, loaded)
     if args.answers:
         data = answer_features(args.answers, args.seq_len)
     else:
         data = load_features(loaded.model, loaded.tokenizer, args, read_conversations(args),
-                             out.with_name(out.name + ".features.pt"))
+                             out.with_name(out.name + ".features.pt"),
+                             head.config.feature_layers)
     train_data, held = split(data, args.held_out)
     vocab = choose_vocab(train_data, args.ce_vocab, embed.num_embeddings)
     lookup = torch.full((embed.num_embeddings,), -1, dtype=torch.long)
     lookup[vocab] = torch.arange(len(vocab))
-    head, base = initial_head(args, loaded)
     setup = TrainSetup(head, embed, reduced_lm_head(lm_head, head.config.hidden_size, vocab),
                        lookup, args.steps, args.batch, args.lr, args.noise, args.ce_weight,
                        out.with_name(out.name + ".ckpt"), args.checkpoint_every, args.unroll,
-                       args.later_weight)
+                       args.later_weight, args.reg_weight)
     losses = train(setup, train_data)
     measured = held_out(head, embed, lm_head, held)
     acceptance = measured.acceptance
