@@ -43,6 +43,21 @@ def test_the_report_reads_as_lines_per_kind_and_the_machine() -> None:
     assert "automatic method" in describe_setting(SETTING)
 
 
+def test_the_report_names_the_draft_head_in_use() -> None:
+    head = {"kind": "EAGLE-3", "file": "qwen.safetensors", "shipped": True,
+            "feature_layers": [1, 13], "training_tokens": 250_000, "teacher_forced": True,
+            "held_out_acceptance": 0.6, "held_out_chain_accepted": 1.234}
+    lines = describe_auto({**REPORT, "head": head})
+    assert lines[3] == ("Draft head: EAGLE-3 (shipped, fusing the target's layers 2, 14 with "
+                        "its last, trained on 250,000 tokens); 1.23 drafts accepted per "
+                        "4-token chain on held-out text.")
+    old = {"kind": "EAGLE-1", "shipped": False, "feature_layers": []}
+    assert "Draft head: EAGLE-1 (learned in this office)." in describe_auto({**REPORT,
+                                                                           "head": old})
+    assert not any(line.startswith("Draft head") for line in describe_auto(
+        {**REPORT, "head": None}))
+
+
 def test_the_page_shows_the_choice_and_an_admin_can_force_a_method(
         qapp: QApplication, qtbot: QtBot, tmp_path: Path) -> None:
     theme.apply(qapp, "light")

@@ -79,6 +79,9 @@ def describe_auto(report: dict[str, Any]) -> list[str]:
         if isinstance(choice, dict) and choice.get("method"):
             lines.append(f"{KIND_NAMES.get(kind, kind)}: {method_name(choice['method'])} "
                          f"({choice.get('reason')})")
+    head = report.get("head")
+    if isinstance(head, dict) and head.get("kind"):
+        lines.append(describe_head(head))
     calibration = report.get("calibration")
     if report.get("calibrating"):
         lines.append("Measuring this machine's costs in the background…")
@@ -91,6 +94,20 @@ def describe_auto(report: dict[str, Any]) -> list[str]:
                      f"{ratios.get('8', 0):.2f}, 16 tokens {ratios.get('16', 0):.2f} steps "
                      f"({source}).")
     return lines
+
+
+def describe_head(head: dict[str, Any]) -> str:
+    """One line on the draft head the worker uses (``speculation_report()["head"]``)."""
+    where = "shipped" if head.get("shipped") else "learned in this office"
+    layers = head.get("feature_layers") or []
+    fused = (f", fusing the target's layers {', '.join(str(int(n) + 1) for n in layers)} "
+             "with its last" if layers else "")
+    tokens = head.get("training_tokens")
+    trained = f", trained on {int(tokens):,} tokens" if isinstance(tokens, int | float) else ""
+    score = head.get("held_out_chain_accepted")
+    accepted = (f"; {score:.2f} drafts accepted per 4-token chain on held-out text"
+                if isinstance(score, int | float) else "")
+    return f"Draft head: {head['kind']} ({where}{fused}{trained}){accepted}."
 
 
 def describe_setting(setting: dict[str, Any]) -> str:

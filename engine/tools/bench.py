@@ -78,6 +78,7 @@ from engine.models.registry import PROFILES
 from engine.paths import ASSETS
 from engine.protocol import ACCELERATIONS, Completion
 from engine.spec.calibration import PRIOR_FORMAT, Observations
+from engine.spec.drafters.eagle import eagle_for
 from engine.spec.drafters.suffix import SuffixDrafter
 from engine.spec.runner import ModelRunner
 from engine.spec.session import ADAPTIVE, AUTO, ChatEngine, DraftLength
@@ -515,6 +516,19 @@ def fmt(value: Any, spec: str) -> str:
     return "–" if value is None else format(value, spec)
 
 
+def head_line(info: dict[str, Any]) -> str:
+    """A head as the Markdown header names it (``EagleDrafter.info``)."""
+    layers = info.get("feature_layers") or []
+    fused = f", fusing layers {', '.join(str(int(n) + 1) for n in layers)} + last" if layers \
+        else ""
+    tokens = info.get("training_tokens")
+    return (f"{info.get('kind')} {info.get('file', '')}{fused}"
+            + (f", {int(tokens):,} training tokens" if tokens else "")
+            + (" (teacher-forced)" if info.get("teacher_forced") else "")
+            + (f", {info['held_out_chain_accepted']} drafts per 4-token chain held out"
+               if info.get("held_out_chain_accepted") is not None else ""))
+
+
 def markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
         f"Benchmark {meta['date']} · {header(meta)} · target {meta['target']}"
@@ -525,6 +539,11 @@ def markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "",
         f"Target forward: {meta.get('plan_summary', 'not recorded')}",
         "",
+        *(f"{label}: {head_line(meta[key])}" for key, label in
+          (("head", "EAGLE head (rows `eagle …`)"), ("compared_head", "Compared head (rows "
+                                                                       "`eagle … [file]`)"))
+          if meta.get(key)),
+        *([""] if meta.get("head") else []),
         "| row | tok/s | speedup | generation tok/s² | speedup² | acceptance | tokens/pass "
         "| identical¹ | peak RSS |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | :---: | ---: |",
@@ -624,6 +643,28 @@ def row_specs(engine: ChatEngine, k: int, max_tokens: int,
 
 
 TREE_BRANCHES = 2  # alternatives a tree row's drafter adds beside its chain
+
+
+def head_specs(other: Any, k: int, max_tokens: int) -> list[RowSpec]:
+    """``eagle`` rows drafting with another head (``--head FILE``), side by side with the
+    engine's own: for each run it stands in for the engine's ``eagle`` drafter, from a
+    fresh cache, under the row's own adaptive state."""
+
+    def swapped(length: DraftLength) -> Callable[[ChatEngine, list[int], str], Run]:
+        def run(e: ChatEngine, ids: list[int], kind: str) -> Run:
+            before = e.drafters["eagle"]
+            e.drafters["eagle"] = other
+            other.reset()
+            try:
+                return run_ours(e, ids, kind, "eagle", length, max_tokens)
+            finally:
+                e.drafters["eagle"] = before
+
+        return run
+
+    name = other.info.get("file", "other head")
+    return [(f"eagle k={k} [{name}]", swapped(k)),
+            (f"eagle adaptive [{name}]", swapped(ADAPTIVE))]
 
 
 @contextmanager
@@ -741,6 +782,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="also write what the rows' answers showed per method and kind "
                              "(from an empty start), as assets/calibration/ ships it")
     parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--head", type=Path, default=None,
+                        help="also run eagle rows with this head file, side by side with the "
+                             "engine's own head")
     parser.add_argument("--concurrency", default=None,
                         help="answers at once, e.g. 1,2,4: run the load benchmark instead")
     parser.add_argument("--rounds", type=int, default=2,
@@ -816,6 +860,15 @@ def main(argv: list[str] | None = None) -> int:
         return load_bench(engine, args, profile, argv)
     k = args.k or min(4, engine.max_adaptive)
     specs = row_specs(engine, k, args.max_tokens, others if args.variants else ())
+    compared = None
+    if args.head is not None:
+        if "eagle" not in engine.methods:
+            sys.stderr.write("error: --head compares with the engine's own head, and this "
+                             "target has none\n")
+            return 2
+        compared = eagle_for(engine.target, args.head)
+        assert compared is not None  # a file that does not load raises
+        specs += head_specs(compared, k, args.max_tokens)
     if args.stock:
         specs.insert(1, stock_spec(target, args.data_dir, args.max_tokens))
     wanted = [w for w in args.rows.split(",") if w]
@@ -841,6 +894,8 @@ def main(argv: list[str] | None = None) -> int:
         "accel": engine.target.accel, "fixed_k": k, "kernels": running,
         "plan": engine.runner.model_forward.plan.to_dict(),
         "plan_summary": engine.runner.model_forward.plan.summary(),
+        "head": engine.speculation_report()["head"],
+        "compared_head": None if compared is None else compared.info,
         "variant_ab": ab,
         "max_tokens": args.max_tokens, "verify_cost_s": costs, "copy_gb_s": bandwidth / 1e9,
         "weight_gb": weights / 1e9, "ceiling_tps": bandwidth / weights,
