@@ -1,14 +1,20 @@
 """The benchmark's pure parts and one tiny end-to-end run (no timing assertions)."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from engine.cpu import kernels
 from engine.cpu.layers import Int8Linear
 from engine.cpu.quantize import accelerate, model_bytes
+from engine.heads.files import HeadInfo, save_head
+from engine.heads.model import EagleHead, HeadConfig
+from engine.spec.drafters.eagle import eagle_for
 from engine.spec.session import ChatEngine
 from engine.tools import bench
 from engine.tools.bench import KINDS, PROMPTS, Row, Run
+from tests.test_eagle import head_info, random_head
 from tests.tiny import tiny_loaded
 
 
@@ -191,3 +197,36 @@ def test_the_kernel_variants_a_b_reports_every_variant_and_row_count() -> None:
     costs = {"m": {v: {"t": {1: 0.01, 2: 0.012}, "prompt_ms_per_token": 3.0} for v in names}}
     text = bench.variants_markdown(rates, costs)
     assert all(f"| {v} |" in text for v in names) and "| 1.20 | 3.00 |" in text
+
+
+def test_head_rows_draft_with_the_other_head_and_give_the_engines_back(tmp_path: Path) -> None:
+    loaded = tiny_loaded("tiny-a", seed=1, scale=8.0, layers=4)
+    own = save_head(random_head(loaded.model, seed=1), head_info(loaded.model, "tiny-a"),
+                    tmp_path / "own.safetensors")
+    engine = ChatEngine(loaded, head=own)
+    fused = EagleHead(HeadConfig.for_target(loaded.model.config, 32, (0, 1), fuse_rank=8))
+    other_file = save_head(fused.to(loaded.model.dtype),
+                           HeadInfo("tiny-a", None, int(loaded.model.config.vocab_size),
+                                    fused.config, 99), tmp_path / "other.safetensors")
+    other = eagle_for(loaded, other_file)
+    assert other is not None
+    specs = [s for s in bench.row_specs(engine, 2, 10) if s[0] == "plain (ours)"]
+    specs += bench.head_specs(other, 2, 10)
+    assert [name for name, _ in specs[1:]] == ["eagle k=2 [other.safetensors]",
+                                               "eagle adaptive [other.safetensors]"]
+    mine = engine.drafters["eagle"]
+    seen = []
+    original = other.observe_hidden
+    other.observe_hidden = lambda f: seen.append(f) or original(f)  # type: ignore[method-assign]
+    rows = bench.run_rows(engine, specs, [{"kind": "free chat", "prompt": "hello there"}])
+    assert all(r.runs[0].tokens == rows[0].runs[0].tokens for r in rows)
+    assert seen and all(f is not None and f.shape[-1] == 3 * 64 for f in seen)
+    assert engine.drafters["eagle"] is mine
+    meta = {"date": "d", "machine": "m", "target": "t", "draft": None, "prompts": 1,
+            "max_tokens": 8, "accel": "a", "head": mine.info, "compared_head": other.info,
+            "verify_cost_s": {1: 0.1}, "copy_gb_s": 10.0, "weight_gb": 1.0, "ceiling_tps": 10.0,
+            "plain_pct_of_ceiling": 20.0}
+    text = bench.markdown(bench.summarise(rows, KINDS), meta)
+    assert "EAGLE head (rows `eagle …`): EAGLE-1 own.safetensors" in text
+    assert ("Compared head (rows `eagle … [file]`): EAGLE-3 other.safetensors, fusing layers "
+            "1, 2 + last, 99 training tokens") in text
