@@ -267,18 +267,17 @@ def measure(target: Any, drafters: Mapping[str, Drafter], key: str, budget_s: fl
     step: dict[str, float] = {}
     read: dict[str, float] = {}
     params, generator = SamplingParams(), torch.Generator().manual_seed(0)
-    features = None
-    if any(d.wants_hidden for d in drafters.values()):
+    features: dict[tuple[int, ...], torch.Tensor | None] = {}  # per width the heads read
+    for layers in dict.fromkeys(d.feature_layers for d in drafters.values() if d.wants_hidden):
         seeing = ModelRunner(target)
-        seeing.keep_hidden(True, next(d.feature_layers for d in drafters.values()
-                                      if d.wants_hidden))
+        seeing.keep_hidden(True, layers)
         seeing.sync(context[:-1])
-        features = seeing.hidden
+        features[layers] = seeing.hidden
         yield
     for name, drafter in drafters.items():
         try:
             if drafter.wants_hidden:
-                drafter.observe_hidden(features)
+                drafter.observe_hidden(features[drafter.feature_layers])
             if drafter.reads_prompt:
                 began = clock()
                 drafter.prefill(context)
