@@ -261,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
             args.corpus.name if args.corpus else "", "office history" if args.history else "")
             if s),
         "held_out_chain_accepted": round(measured.chain, 3)}
+    if args.packages:  # what was read, under which licence
+        extra["packages"] = {p.name: f"{p.version}, {p.licence}" for p in vocab.packages()}
     if base is not None:
         before = held_out(base, embed, lm_head, held)
         extra["init_held_out_acceptance"] = before.acceptance
