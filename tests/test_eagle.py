@@ -44,11 +44,18 @@ def test_greedy_eagle_equals_greedy_plain(kind: str, draft_vocab: int) -> None:
     target = tiny_model(kind, vocab_size=vocab, seed=1, scale=4.0)
     drafter = EagleDrafter(random_head(target), target, min_confidence=0.0,
                            draft_vocab=draft_vocab, keep_ids=[vocab - 1])
+    greedy_equals_plain(target, drafter, vocab)
+
+
+def greedy_equals_plain(target: torch.nn.Module, drafter: EagleDrafter, vocab: int,
+                        count: int = 4, n: int = 16) -> None:
+    """Greedy decoding with ``drafter`` gives plain decoding's tokens on ``count`` prompts
+    (draft lengths 2, 3, ..., first token first on every other one), and it drafted."""
     drafted = 0
-    for i, prompt in enumerate(prompts(4, vocab, seed=10)):
-        plain = run(target, prompt, n=16)
+    for i, prompt in enumerate(prompts(count, vocab, seed=10)):
+        plain = run(target, prompt, n=n)
         steps = list(decode(ModelRunner(target), prompt, params=SamplingParams(),
-                            max_new_tokens=16, max_context=256, drafter=drafter,
+                            max_new_tokens=n, max_context=256, drafter=drafter,
                             num_draft_tokens=2 + i, first_token_first=i % 2 == 1))
         assert [t for s in steps for t in s.tokens] == plain, (prompt, i)
         drafted += sum(s.drafted for s in steps)

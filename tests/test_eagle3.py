@@ -13,12 +13,15 @@ from engine.heads import stream
 from engine.heads.files import HeadInfo, load_head, save_head
 from engine.heads.model import EagleHead, HeadConfig, feature_layers_for, with_fusion
 from engine.heads.train import TrainSetup, extract, held_out, reduced_lm_head
-from engine.spec.decoding import decode
+from engine.spec.calibration import measure
+from engine.spec.drafters import Draft
 from engine.spec.drafters.eagle import EagleDrafter, quantize_head
 from engine.spec.runner import ModelRunner
 from engine.spec.sampling import SamplingParams
 from engine.spec.session import ChatEngine
-from tests.test_decoding import prompts, run
+from tests.test_calibration import TickClock, measured
+from tests.test_decoding import prompts
+from tests.test_eagle import greedy_equals_plain, random_head
 from tests.tiny import tiny_loaded, tiny_model, tiny_tokenizer
 
 PROMPT = [3, 17, 42, 99, 7, 250, 11, 60]
@@ -143,31 +146,16 @@ def test_greedy_eagle3_equals_greedy_plain(kind: str) -> None:
     drafter = EagleDrafter(fused_head(target), target, min_confidence=0.0, draft_vocab=40,
                            keep_ids=[vocab - 1])
     assert drafter.feature_layers == TAPS
-    drafted = 0
-    for i, prompt in enumerate(prompts(4, vocab, seed=10)):
-        plain = run(target, prompt, n=16)
-        steps = list(decode(ModelRunner(target), prompt, params=SamplingParams(),
-                            max_new_tokens=16, max_context=256, drafter=drafter,
-                            num_draft_tokens=2 + i, first_token_first=i % 2 == 1))
-        assert [t for s in steps for t in s.tokens] == plain, (prompt, i)
-        drafted += sum(s.drafted for s in steps)
-    assert drafted > 0
+    greedy_equals_plain(target, drafter, vocab)
 
 
 def test_greedy_eagle3_on_the_native_path_equals_greedy_plain(variant: str) -> None:
     vocab = 64
     target = native_model(vocab_size=vocab, scale=4.0)
+    assert forward_for(target).plan.variant == variant
     drafter = EagleDrafter(quantize_head(fused_head(target, seed=2)), target,
                            min_confidence=0.0, draft_vocab=40, keep_ids=[vocab - 1])
-    drafted = 0
-    for i, prompt in enumerate(prompts(3, vocab, seed=11)):
-        plain = run(target, prompt, n=12)
-        steps = list(decode(ModelRunner(target), prompt, params=SamplingParams(),
-                            max_new_tokens=12, max_context=256, drafter=drafter,
-                            num_draft_tokens=3))
-        assert [t for s in steps for t in s.tokens] == plain, (prompt, i, variant)
-        drafted += sum(s.drafted for s in steps)
-    assert drafted > 0
+    greedy_equals_plain(target, drafter, vocab, count=3, n=12)
 
 
 def test_a_head_made_fused_drafts_what_it_drafted_before() -> None:
@@ -311,3 +299,23 @@ def test_the_engine_serves_an_eagle3_head_file_and_reports_it(tmp_path: Path) ->
     assert reported["training_tokens"] == 1234 and reported["teacher_forced"] is True
     assert reported["shipped"] is False and reported["file"] == "h.safetensors"
     assert ChatEngine(tiny_loaded("tiny-b")).speculation_report()["head"] is None
+
+
+def test_calibration_measures_heads_of_each_width_on_their_own_features() -> None:
+    vocab = 64
+    target = tiny_model("qwen2", vocab_size=vocab, layers=LAYERS, seed=1, scale=4.0)
+    drafters = {"eagle1": EagleDrafter(random_head(target, seed=1), target, min_confidence=0.0),
+                "eagle3": EagleDrafter(fused_head(target, seed=2), target, min_confidence=0.0)}
+    drafted: dict[str, int] = {}
+    for name, drafter in drafters.items():
+        propose = drafter.propose
+
+        def counted(*args: object, name: str = name, propose: object = propose) -> Draft:
+            draft = propose(*args)  # type: ignore[operator]
+            drafted[name] = drafted.get(name, 0) + len(draft.tokens)
+            return draft
+
+        drafter.propose = counted  # type: ignore[method-assign]
+    cal, _ = measured(measure(target, drafters, "key", budget_s=0.0, clock=TickClock()))
+    assert set(cal.step) == {"eagle1", "eagle3"}
+    assert drafted["eagle1"] > 0 and drafted["eagle3"] > 0  # both read features they fit
