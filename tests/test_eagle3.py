@@ -12,7 +12,7 @@ from engine.cpu import forward_for, int8_layers, kernels
 from engine.heads import stream
 from engine.heads.files import HeadInfo, load_head, save_head
 from engine.heads.model import EagleHead, HeadConfig, feature_layers_for, with_fusion
-from engine.heads.train import TrainSetup, extract, held_out, reduced_lm_head
+from engine.heads.train import TrainSetup, extract, held_out, reduced_lm_head, window_stream
 from engine.spec.calibration import measure
 from engine.spec.drafters import Draft
 from engine.spec.drafters.eagle import EagleDrafter, quantize_head
@@ -238,18 +238,21 @@ def test_streamed_training_lowers_the_loss_resumes_and_makes_a_loadable_file(
                               "--conversations", str(chats)])
 
     def source() -> Iterator[torch.Tensor]:
-        return stream.windows(tok, stream.conversations(args, 0), 32)
+        return window_stream(tok, stream.conversations(args, 0), 32)
 
     torch.manual_seed(0)
     head = EagleHead(HeadConfig.for_target(model.config, 32, TAPS, fuse_rank=8))
     held = stream.held_windows(model, source(), 2, 8, TAPS, tmp_path / "held.pt")
     assert held.hidden.shape == (2, 32, 3 * int(model.config.hidden_size))
     checkpoint = tmp_path / "h.ckpt"
-    first = stream.run(stream_setup(model, head, 12, checkpoint), model, source(), 6, 2.0, 4, 8)
+    first, read = stream.run(stream_setup(model, head, 12, checkpoint), model, source(), 6, 2.0,
+                             4, 8)
     assert len(first) == 12 and torch.load(checkpoint, weights_only=True)["windows"] == 6
+    assert read == 6
     again = EagleHead(head.config)
-    more = stream.run(stream_setup(model, again, 24, checkpoint), model, source(), 12, 2.0, 4, 8)
-    assert len(more) == 24 and more[:12] == first  # resumed after the windows read
+    more, read = stream.run(stream_setup(model, again, 24, checkpoint), model, source(), 12, 2.0,
+                            4, 8)
+    assert len(more) == 24 and read == 12 and more[:12] == first  # resumed after the windows read
     assert sum(more[-4:]) / 4 < sum(more[:4]) / 4
     measured = held_out(again, model.get_input_embeddings(), model.get_output_embeddings(), held)
     assert 0.0 <= measured.acceptance <= 1.0

@@ -353,7 +353,13 @@ class _Decoder:
             x = self._run_native(x, cache, start, cos, sin, tree, taps, tapped)
         else:
             x = self._run_reference(x, cache, start, cos, sin, tree, taps, tapped)
-        return torch.cat([*tapped, rms_norm(x, self.norm.weight, self.eps)], dim=-1)
+        return self._features(tapped, x)
+
+    def _features(self, tapped: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """The final normed ``x``, after the tapped residual streams if any (no copy
+        without taps: the decoding step's common case)."""
+        normed = rms_norm(x, self.norm.weight, self.eps)
+        return torch.cat([*tapped, normed], dim=-1) if tapped else normed
 
     def _segments(self, taps: Sequence[int]) -> list[tuple[int, int]]:
         """The stretches of layers ``[a, b)`` run between taps (one without taps)."""
@@ -432,7 +438,7 @@ class _Decoder:
         for cache, count in zip(caches, counts, strict=True):
             for layer in cache.layers:
                 layer.length += count
-        return torch.cat([*tapped, rms_norm(x, self.norm.weight, self.eps)], dim=-1)
+        return self._features(tapped, x)
 
     def _run_reference(self, x: torch.Tensor, cache: KVCache, start: int, cos: torch.Tensor,
                        sin: torch.Tensor, tree: torch.Tensor | None, taps: Sequence[int],

@@ -42,7 +42,6 @@ from engine.heads.files import HeadInfo, save_head
 from engine.heads.train import (
     Features,
     TrainSetup,
-    chat_ids,
     extract,
     held_out,
     initial_head,
@@ -53,6 +52,7 @@ from engine.heads.train import (
     resume,
     save_checkpoint,
     train_step,
+    window_stream,
 )
 from engine.spec.drafters.vocab import frequent_ids
 
@@ -70,8 +70,7 @@ def package_chats(names: Sequence[str] = vocab.PACKAGES,
     under a permissive licence (as :mod:`engine.heads.corpus` makes from the standard
     library), from up to ``files`` source files of each, spread over the package."""
     for package in vocab.packages(names):
-        step = max(1, len(package.files) // files)
-        for path in package.files[::step][:files]:
+        for path in vocab.spread(package.files, files)[:files]:
             try:
                 source = path.read_text(encoding="utf-8")
                 tree = ast.parse(source)
@@ -103,16 +102,6 @@ def conversations(args: argparse.Namespace, seed: int) -> Iterator[Chat]:
                 yield chats[i]
 
 
-def windows(tokenizer: Any, chats: Iterator[Chat], seq_len: int) -> Iterator[torch.Tensor]:
-    """The conversations' chat-templated ids cut into ``[seq_len]`` windows, in order."""
-    stream: list[int] = []
-    for messages in chats:
-        stream += chat_ids(tokenizer, messages)
-        while len(stream) >= seq_len:
-            yield torch.tensor(stream[:seq_len], dtype=torch.long)
-            del stream[:seq_len]
-
-
 def stack(items: Sequence[Features]) -> Features:
     """Single-window features ``[1, L, ..]`` as one batch ``[B, L, ..]``."""
     return Features(*(torch.cat([getattr(f, name) for f in items])
@@ -137,9 +126,11 @@ def held_windows(model: Any, source: Iterator[torch.Tensor], count: int, top_k: 
 
 
 def run(setup: TrainSetup, model: Any, source: Iterator[torch.Tensor], total_windows: int,
-        steps_per_window: float, buffer: int, top_k: int, seed: int = 0) -> list[float]:
+        steps_per_window: float, buffer: int, top_k: int, seed: int = 0
+        ) -> tuple[list[float], int]:
     """Read up to ``total_windows`` windows of ``source`` through the target and train on
-    a replay buffer of the last ``buffer``; resumes from ``setup.checkpoint``."""
+    a replay buffer of the last ``buffer``; resumes from ``setup.checkpoint``. Returns
+    every step's loss (earlier runs' too) and the windows read in all."""
     head, taps = setup.head.train(), setup.head.config.feature_layers
     opt = optimiser(setup)
     state = resume(setup, opt)
@@ -171,7 +162,7 @@ def run(setup: TrainSetup, model: Any, source: Iterator[torch.Tensor], total_win
     sys.stderr.write("\n")
     if read < total_windows:
         log.info("the sources ran out after %d windows of %d", read, total_windows)
-    return losses
+    return losses, read
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -236,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     lookup[ce_ids] = torch.arange(len(ce_ids))
     head, base = initial_head(args, loaded)
     taps = head.config.feature_layers
-    source = windows(tok, conversations(args, args.seed), args.seq_len)
+    source = window_stream(tok, conversations(args, args.seed), args.seq_len)
     out: Path = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     held = held_windows(model, source, args.held_out, args.top_k, taps,
@@ -247,9 +238,8 @@ def main(argv: list[str] | None = None) -> int:
                        lookup, steps, args.batch, args.lr, args.noise, args.ce_weight,
                        out.with_name(out.name + ".ckpt"), args.checkpoint_every, args.unroll,
                        args.later_weight, args.reg_weight)
-    losses = run(setup, model, source, total, args.steps_per_window, args.buffer, args.top_k,
-                 args.seed)
-    read = int(torch.load(setup.checkpoint, weights_only=True)["windows"])
+    losses, read = run(setup, model, source, total, args.steps_per_window, args.buffer,
+                       args.top_k, args.seed)
     measured = held_out(head, embed, lm_head, held)
     extra: dict[str, Any] = {
         "held_out_tokens": int(held.ids.numel()), "steps": len(losses), "ce_vocab": len(ce_ids),

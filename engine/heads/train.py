@@ -32,7 +32,9 @@ import math
 import random
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -78,16 +80,25 @@ def chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def windows(tokenizer: Any, conversations: list[list[dict[str, str]]], seq_len: int,
-            max_tokens: int) -> torch.Tensor:
-    """Chat-templated conversations packed into ``[N, seq_len]`` windows."""
+def window_stream(tokenizer: Any, conversations: Iterable[list[dict[str, str]]],
+                  seq_len: int) -> Iterator[torch.Tensor]:
+    """Chat-templated conversations, one after another, cut into ``[seq_len]`` windows as
+    they come (a partial tail dropped)."""
     stream: list[int] = []
     for messages in conversations:
         stream += chat_ids(tokenizer, messages)
-        if len(stream) >= max_tokens:
-            break
-    n = min(len(stream), max_tokens) // seq_len
-    return torch.tensor(stream[: n * seq_len], dtype=torch.long).reshape(n, seq_len)
+        while len(stream) >= seq_len:
+            yield torch.tensor(stream[:seq_len], dtype=torch.long)
+            del stream[:seq_len]
+
+
+def windows(tokenizer: Any, conversations: list[list[dict[str, str]]], seq_len: int,
+            max_tokens: int) -> torch.Tensor:
+    """Chat-templated conversations packed into ``[N, seq_len]`` windows, at most
+    ``max_tokens`` tokens in all."""
+    found = list(islice(window_stream(tokenizer, conversations, seq_len),
+                        max_tokens // seq_len))
+    return torch.stack(found) if found else torch.empty(0, seq_len, dtype=torch.long)
 
 
 @torch.no_grad()

@@ -110,13 +110,19 @@ def packages(names: Sequence[str] = PACKAGES) -> Iterator[Package]:
                                                                       if f.is_file()))
 
 
+def spread(files: Sequence[Path], parts: int) -> list[Path]:
+    """``files`` reordered to spread over the whole list: every ``len // parts``-th file
+    first, then the ones after those, and so on, so that the first ``parts`` of them do
+    not all come from one big subpackage."""
+    step = max(1, len(files) // parts)
+    return [f for s in range(step) for f in files[s::step]]
+
+
 def code_texts(package: Package, max_chars: int) -> Iterator[str]:
     """Source files of ``package`` until ``max_chars`` characters are given, spread over the
-    package (every ``step``-th file first) so one big subpackage does not fill the budget."""
-    step = max(1, len(package.files) // 64)
-    order = [f for s in range(step) for f in package.files[s::step]]
+    package (:func:`spread`) so one big subpackage does not fill the budget."""
     left = max_chars
-    for path in order:
+    for path in spread(package.files, 64):
         if left <= 0:
             return
         try:
