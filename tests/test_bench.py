@@ -70,6 +70,13 @@ def test_markdown_reports_rows_kinds_costs_and_ceiling() -> None:
     assert "k=4: 1.30" in text and "(t(1) = 100 ms)" in text
     assert "linear layers int4+int8" in text and "20 %" in text
     assert "What auto ran" not in text  # no auto row
+    per_pass = text.split("Tokens per pass by prompt kind")[1]
+    assert per_pass.split("\n")[4] == "| plain (ours) | 1.00 |"
+
+    rows.append(Row("ngram", [Run("summary", [1, 2, 3], 1.0, passes=2, drafted=2, accepted=1)]))
+    text = bench.markdown(bench.summarise(rows, KINDS), meta)
+    assert "| ngram | 1.50 |" in text.split("Tokens per pass by prompt kind")[1]
+    rows.pop()
 
     rows.append(Row("auto (the default)", [Run("summary", [1, 2], 1.0, method="suffix")]))
     text = bench.markdown(bench.summarise(rows, KINDS), meta)

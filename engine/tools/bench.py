@@ -562,15 +562,18 @@ def markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
               "² after each answer's first token: the target's prompt processing (the same for "
               "every row of an engine) left out; a draft model or EAGLE head reads the prompt "
               "after the first token, so its reading stays in."]
-    for title, key in (("Speedup over plain by prompt kind", "speedup"),
-                       ("Generation speedup² by prompt kind", "generation_speedup")):
+    for title, key, unit in (
+            ("Speedup over plain by prompt kind", "speedup", "×"),
+            ("Generation speedup² by prompt kind", "generation_speedup", "×"),
+            ("Tokens per pass by prompt kind (the mean accepted length: drafts accepted plus "
+             "the target's own token)", "tokens_per_pass", "")):
         lines += ["", f"{title}:", "",
                   "| row | " + " | ".join(kinds) + " |", "| --- |" + " ---: |" * len(kinds)]
         for name in dict.fromkeys(r["row"] for r in summary):
             cells = [next(r for r in summary if r["row"] == name and r["kind"] == k)[key]
                      for k in kinds]
             lines.append(f"| {name} | " + " | ".join(
-                f"{fmt(c, '.2f')}{'×' if c else ''}" for c in cells) + " |")
+                f"{fmt(c, '.2f')}{unit if c else ''}" for c in cells) + " |")
     chosen = [(r["kind"], r["methods"]) for r in summary
               if r["row"].startswith("auto") and r["kind"] != "overall" and r.get("methods")]
     if chosen:
