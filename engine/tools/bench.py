@@ -653,13 +653,15 @@ def head_specs(other: Any, k: int, max_tokens: int) -> list[RowSpec]:
     engine's own: for each run it stands in for the engine's ``eagle`` drafter, from a
     fresh cache, under the row's own adaptive state."""
 
-    def swapped(length: DraftLength) -> Callable[[ChatEngine, list[int], str], Run]:
+    def swapped(length: DraftLength, branches: int = 0
+                ) -> Callable[[ChatEngine, list[int], str], Run]:
         def run(e: ChatEngine, ids: list[int], kind: str) -> Run:
             before = e.drafters["eagle"]
             e.drafters["eagle"] = other
             other.reset()
             try:
-                return run_ours(e, ids, kind, "eagle", length, max_tokens)
+                with branching(other, branches):
+                    return run_ours(e, ids, kind, "eagle", length, max_tokens)
             finally:
                 e.drafters["eagle"] = before
 
@@ -667,7 +669,8 @@ def head_specs(other: Any, k: int, max_tokens: int) -> list[RowSpec]:
 
     name = other.info.get("file", "other head")
     return [(f"eagle k={k} [{name}]", swapped(k)),
-            (f"eagle adaptive [{name}]", swapped(ADAPTIVE))]
+            (f"eagle adaptive [{name}]", swapped(ADAPTIVE)),
+            (f"eagle tree k={k} [{name}]", swapped(k, TREE_BRANCHES))]
 
 
 @contextmanager
