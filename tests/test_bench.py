@@ -224,12 +224,12 @@ def test_head_rows_draft_with_the_other_head_and_give_the_engines_back(tmp_path:
                                                "eagle tree k=2 [other.safetensors]"]
     branches = other.branches
     mine = engine.drafters["eagle"]
-    seen, widths = [], set()
+    seen, branchings = [], set()
     original = other.observe_hidden
 
     def observe(f: torch.Tensor | None) -> None:
         seen.append(f)
-        widths.add(other.branches)  # the tree row drafts with its branches set
+        branchings.add(other.branches)  # the tree row drafts with its branches set
         original(f)
 
     other.observe_hidden = observe  # type: ignore[method-assign]
@@ -237,7 +237,7 @@ def test_head_rows_draft_with_the_other_head_and_give_the_engines_back(tmp_path:
     assert all(r.runs[0].tokens == rows[0].runs[0].tokens for r in rows)
     assert seen and all(f is not None and f.shape[-1] == 3 * 64 for f in seen)
     assert engine.drafters["eagle"] is mine and other.branches == branches
-    assert widths == {branches, bench.TREE_BRANCHES} and branches != bench.TREE_BRANCHES
+    assert branchings == {branches, bench.TREE_BRANCHES} and branches != bench.TREE_BRANCHES
     meta = {"date": "d", "machine": "m", "target": "t", "draft": None, "prompts": 1,
             "max_tokens": 8, "accel": "a", "head": mine.info, "compared_head": other.info,
             "verify_cost_s": {1: 0.1}, "copy_gb_s": 10.0, "weight_gb": 1.0, "ceiling_tps": 10.0,
