@@ -239,3 +239,83 @@ def test_answer_prompts_are_no_benchmark_or_demo_prompts_and_end_with_more_chat(
         saved = json.loads((ASSETS / name / "prompts.json").read_text())
         shipped |= {p["prompt"] for p in saved["prompts"]}
     assert shipped and not shipped & {text for _, text in listed}
+
+
+@pytest.mark.parametrize("native", NATIVE)
+def test_an_invented_question_is_the_same_in_any_batch(tmp_path: Path, native: bool) -> None:
+    target = accelerated(tmp_path, "qwen2", native)
+    starts = [[3, 9, 4], [3, 9, 4, 11], [3, 9, 4, 20]]
+    runners = [ModelRunner(target) for _ in starts]
+    together = answers.invent_questions(runners, starts, frozenset(), [0, 1, 2], 5, 12, 8)
+    alone = answers.invent_questions(runners[:1], starts[1:2], frozenset(), [1], 5, 12, 8)
+    assert alone == together[1:2]
+    assert all(len(q) == 12 for q in together)
+    other_seed = answers.invent_questions(runners, starts, frozenset(), [0, 1, 2], 6, 12, 8)
+    assert other_seed != together  # drawn, not greedy: 36 tokens from 8 each would repeat
+    greedy = answers.answer_batch(runners, starts, 12, frozenset(), top_k=8)
+    assert [ids for _, ids in greedy] != together
+
+
+def test_a_refused_question_is_drawn_again_and_the_last_try_kept(tmp_path: Path) -> None:
+    target = accelerated(tmp_path, "llama", native=False)
+    runners = [ModelRunner(target) for _ in range(2)]
+    seen: list[list[int]] = []
+
+    def refuse(question: list[int]) -> bool:
+        seen.append(question)
+        return False
+
+    kept = answers.invent_questions(runners, [[5, 6], [5, 6]], frozenset(), [0, 1], 0, 6, 8,
+                                    keep=refuse, tries=3)
+    assert len(seen) == 6  # each question drawn three times
+    assert kept == seen[-2:]  # the last draws, in order
+    assert seen[0] != seen[2]  # a new try draws anew
+    liked = answers.invent_questions(runners, [[5, 6], [5, 6]], frozenset(), [0, 1], 0, 6, 8,
+                                     keep=lambda q: q == seen[2], tries=3)
+    assert liked[0] == seen[2] and liked[1] == seen[-1]  # the first accepted, the other last
+
+
+def test_the_user_turn_prefix_begins_the_templated_chat(tiny_folder: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_folder)
+    prefix = answers.user_turn_prefix(tok)
+    chat = tok.apply_chat_template([{"role": "user", "content": "hello there"}], tokenize=False)
+    assert tok.decode(prefix) + "hello there" == chat[: chat.index("hello there") + 11]
+    tok.chat_template = "{% for m in messages %}{{ m['role'] }}{% endfor %}"
+    with pytest.raises(ValueError, match="does not show the user's message"):
+        answers.user_turn_prefix(tok)
+
+
+def test_mostly_latin_keeps_english_and_refuses_other_scripts() -> None:
+    assert answers.mostly_latin("How do I back up `files.csv`? 42")
+    assert not answers.mostly_latin("如何备份文件？ How")
+    assert not answers.mostly_latin("1234 ... ```")  # no letters at all
+
+
+def test_invented_questions_are_answered_resumed_and_not_mixed(tiny_folder: Path,
+                                                               tmp_path: Path) -> None:
+    data = tmp_path / "invented"
+    common = ["--target", str(tiny_folder), "--out", str(data), "--max-tokens", "4",
+              "--question-tokens", "6", "--text-only", "--invent", "--seed", "3"]
+    assert answers.main([*common, "--prompts", "3", "--batch", "2"]) == 0
+    assert answers.main([*common, "--prompts", "5", "--batch", "3"]) == 0
+    text = data.with_name(data.name + ".jsonl")
+    chats = [json.loads(line) for line in text.read_text().splitlines()]
+    assert [c["prompt"] for c in chats] == [0, 1, 2, 3, 4]
+    assert {c["kind"] for c in chats} == {"invented"} and {c["seed"] for c in chats} == {3}
+    assert [c["messages"][1]["role"] for c in chats] == ["assistant"] * 5
+    starts = [c["messages"][0]["content"] for c in chats]
+    assert all(s.startswith(o) for s, o in zip(starts, answers.OPENERS, strict=False))
+    again = tmp_path / "again"  # the same questions in one run with other batches
+    assert answers.main([*common[:3], str(again), *common[4:], "--prompts", "5",
+                         "--batch", "5"]) == 0
+    redo = [json.loads(line) for line in again.with_name("again.jsonl").read_text().splitlines()]
+    assert [c["messages"][0] for c in redo] == [c["messages"][0] for c in chats]
+    with pytest.raises(SystemExit, match="--seed 3"):
+        answers.main([*common[:-1], "4", "--prompts", "6"])
+    with pytest.raises(SystemExit, match="add --invent"):
+        answers.main([*[a for a in common if a != "--invent"][:-2], "--prompts", "6"])
+    with pytest.raises(SystemExit):
+        answers.main([a for a in common if a != "--text-only"])
+    assert len(text.read_text().splitlines()) == 5  # nothing lost or added by the refusals

@@ -16,7 +16,13 @@ bit for bit, where the forward runs natively). The command appends records to ``
 ``.jsonl``; ``train --answers FILE`` trains on them. With ``--text-only`` only the
 conversations are written (each line names its prompt, and a rerun resumes after the last
 one): the way a cheaper model (the draft model) writes chats for teacher forcing
-(``train --conversations FILE.jsonl``), where its own labels would be of no use.
+(``train --conversations FILE.jsonl``), where its own labels would be of no use. With
+``--invent`` (and ``--text-only``) the model also writes the questions
+(:func:`invent_questions`, after Magpie: it continues its chat template where the user's
+message begins, at temperature 1 over its top-``k``, question ``i`` opening with
+``OPENERS[i % 14]`` and drawn again, up to three times, when it is not mostly in Latin
+letters): varied prompts that no template makes, each reproducible from ``--seed`` and
+its index.
 
 Why: EAGLE heads accept most on text like the target's own output (the head learns to
 predict the target, and the target's answers are what it drafts at run time); the
@@ -31,7 +37,7 @@ import pickle
 import random
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -218,6 +224,14 @@ class _Going:
     top_ids: list[torch.Tensor]  # [rows, K] per step
     top_probs: list[torch.Tensor]
     hidden: list[torch.Tensor]  # [rows, H] per step
+    generator: torch.Generator | None = None  # sampling (None: greedy)
+
+    def next_token(self) -> int:
+        """The greedy token, or one drawn from the last step's top-k probabilities."""
+        ids, probs = self.top_ids[-1][-1], self.top_probs[-1][-1]  # [K] each
+        if self.generator is None:
+            return int(ids[0])
+        return int(ids[torch.multinomial(probs.float(), 1, generator=self.generator)])
 
     def record(self) -> tuple[Record, list[int]]:
         fed = self.ids[: len(self.ids) - 1]  # the last answer token is never fed
@@ -228,8 +242,14 @@ class _Going:
 
 @torch.inference_mode()
 def answer_batch(runners: Sequence[ModelRunner], prompts: Sequence[list[int]], max_tokens: int,
-                 eos_ids: frozenset[int], top_k: int) -> list[tuple[Record, list[int]]]:
+                 eos_ids: frozenset[int], top_k: int,
+                 generators: Sequence[torch.Generator] | None = None,
+                 ) -> list[tuple[Record, list[int]]]:
     """Greedy answers to several prompts at once, as :func:`answer` gives them one by one.
+
+    With ``generators`` (one per prompt) each token is drawn instead from that step's
+    top-``top_k`` probabilities (temperature 1), with the prompt's own generator, so a
+    prompt's continuation does not depend on the others in its batch.
 
     Each prompt is filled by its own runner (one per prompt, all on the same model), then
     every answer still going gets its next token from one
@@ -239,19 +259,21 @@ def answer_batch(runners: Sequence[ModelRunner], prompts: Sequence[list[int]], m
     """
     if not runners or len(runners) < len(prompts):
         raise ValueError("batched answers need one runner per prompt")
+    if generators is not None and len(generators) != len(prompts):
+        raise ValueError("sampled answers need one generator per prompt")
     model_forward = runners[0].model_forward
     going = []
-    for runner, prompt in zip(runners, prompts, strict=False):
+    for n, (runner, prompt) in enumerate(zip(runners, prompts, strict=False)):
         runner.reset()
         runner.keep_hidden(True)
         top_ids, top_probs = _top(runner.forward(prompt, rows=len(prompt)), top_k)  # [T, K]
         assert runner.hidden is not None
         going.append(_Going(runner.cache, list(prompt), [], [top_ids], [top_probs],
-                            [runner.hidden]))
+                            [runner.hidden], None if generators is None else generators[n]))
     active = list(going)
     while active:
         for a in active:
-            token = int(a.top_ids[-1][-1, 0])
+            token = a.next_token()
             a.ids.append(token)
             a.answer.append(token)
         active = [a for a in active if token_goes_on(a.answer, eos_ids, max_tokens)]
@@ -265,6 +287,57 @@ def answer_batch(runners: Sequence[ModelRunner], prompts: Sequence[list[int]], m
             assert hidden is not None
             a.hidden.append(hidden)
     return [a.record() for a in going]
+
+
+OPENERS = ("", "How", "What", "Can you", "Please", "Write", "Explain", "Summarise", "I",
+           "Could you", "Why", "My", "Our", "Help me")  # question i begins OPENERS[i % 14]
+
+
+def user_turn_prefix(tokenizer: Any) -> list[int]:
+    """The ids of a chat up to where its user's first message begins (the template's
+    system prompt included): what a model continues to write a question of its own."""
+    marker = "\x00"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False)
+    if marker not in text:
+        raise ValueError("this model's chat template does not show the user's message")
+    return list(tokenizer.encode(text[: text.index(marker)], add_special_tokens=False))
+
+
+def invent_questions(runners: Sequence[ModelRunner], starts: Sequence[list[int]],
+                     eos_ids: frozenset[int], indices: Sequence[int], seed: int,
+                     max_tokens: int, top_k: int,
+                     keep: Callable[[list[int]], bool] = lambda _: True, tries: int = 3,
+                     ) -> list[list[int]]:
+    """Questions the model writes itself, each continuing its ``starts`` (the chat up to
+    the user's message, :func:`user_turn_prefix`, and perhaps the message's first words),
+    as Magpie (Xu et al. 2024, arXiv 2406.08464) makes instruction data from an aligned
+    model alone; returned without their starts. Question ``i`` (of ``indices``) is drawn
+    with a generator seeded by ``seed``, ``i`` and the try, so it is the same in any batch
+    and on any rerun (given the same kernels); one that ``keep`` refuses is drawn again, up
+    to ``tries`` draws (the last is kept). A question ends at an end token (dropped) or
+    after ``max_tokens``."""
+    found: dict[int, list[int]] = {}
+    for attempt in range(tries):
+        todo = [n for n, i in enumerate(indices) if i not in found]
+        if not todo:
+            break
+        generators = [torch.Generator().manual_seed((seed * 1_000_003 + indices[n]) * 31
+                                                    + attempt) for n in todo]
+        written = answer_batch(runners, [starts[n] for n in todo], max_tokens, eos_ids, top_k,
+                               generators)
+        for n, (_, ids) in zip(todo, written, strict=True):
+            i = indices[n]
+            question = [t for t in ids if t not in eos_ids]  # after the start
+            if keep(question) or attempt == tries - 1:
+                found[i] = question
+    return [found[i] for i in indices]
+
+
+def mostly_latin(text: str, share: float = 0.95) -> bool:
+    """Whether at least ``share`` of the text's letters are ASCII (office questions in
+    English; the models also write Chinese and other scripts when left to themselves)."""
+    letters = [c for c in text if c.isalpha()]
+    return bool(letters) and sum(c.isascii() for c in letters) >= share * len(letters)
 
 
 def token_goes_on(answer: list[int], eos_ids: frozenset[int], max_tokens: int) -> bool:
@@ -322,13 +395,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--text-only", action="store_true",
                    help="write only the conversations (FILE.jsonl), not the labels: for chats "
                         "written by another model, to be teacher-forced through the target")
+    p.add_argument("--invent", action="store_true",
+                   help="answer questions the model writes itself (Magpie) instead of the "
+                        "shipped list: varied prompts no template makes; with --text-only")
+    p.add_argument("--question-tokens", type=int, default=160,
+                   help="length limit of an invented question")
+    p.add_argument("--seed", type=int, default=0, help="the invented questions' seed")
     p.add_argument("--accel", default="auto")
     p.add_argument("--data-dir", default=None)
     args = p.parse_args(argv)
-    if min(args.prompts, args.max_tokens, args.top_k, args.save_every, args.batch) < 1:
-        p.error("--prompts, --max-tokens, --top-k, --save-every and --batch must be positive")
+    if min(args.prompts, args.max_tokens, args.top_k, args.save_every, args.batch,
+           args.question_tokens) < 1:
+        p.error("--prompts, --max-tokens, --top-k, --save-every, --batch and "
+                "--question-tokens must be positive")
     if args.skip < 0:
         p.error("--skip must not be negative")
+    if args.invent and not args.text_only:
+        p.error("--invent writes conversations only: add --text-only")
     return args
 
 
@@ -348,6 +431,20 @@ def answered_prompts(path: Path) -> list[int]:
     return found
 
 
+def check_source(path: Path, invent: bool, seed: int) -> None:
+    """Refuse to extend ``path`` with conversations of another source: invented questions
+    (and their seed) or the shipped list, as its first line says."""
+    with path.open(encoding="utf-8") as f:
+        first = json.loads(f.readline())
+    was = first.get("kind") == "invented"
+    if was != invent:
+        raise SystemExit(f"{path} holds {'invented' if was else 'listed'} questions: "
+                         f"{'add' if was else 'leave out'} --invent, or write another file")
+    if invent and int(first.get("seed", 0)) != seed:
+        raise SystemExit(f"{path} holds questions of --seed {first.get('seed', 0)}: rerun "
+                         "with it, or write another file")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -357,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
         if earlier and earlier[0] != args.skip:
             raise SystemExit(f"{text_path} holds answers from prompt {earlier[0]} on: rerun "
                              f"with --skip {earlier[0]} to extend it, or write another file")
+        if earlier:
+            check_source(text_path, args.invent, args.seed)
         records: list[Record] = []
         start = args.skip + len(earlier)
     else:
@@ -370,12 +469,27 @@ def main(argv: list[str] | None = None) -> int:
     loaded = load_target(args.target, args.data_dir, args.accel)
     runners, tok = [ModelRunner(loaded.model) for _ in range(args.batch)], loaded.tokenizer
     batched = args.batch > 1
-    todo = prompts()[start : args.skip + args.prompts]
+    end = args.skip + args.prompts
+    listed = [] if args.invent else prompts()
+    prefix = user_turn_prefix(tok) if args.invent else []
     started, tokens, answered = time.perf_counter(), 0, 0
     pending: list[str] = []  # conversations written with the records that hold them
     with text_path.open("a", encoding="utf-8") as text:
-        for i in range(0, len(todo), args.batch):
-            chunk = todo[i : i + args.batch]
+        for at in range(start, end, args.batch):
+            indices = range(at, min(at + args.batch, end))
+            if args.invent:
+                opened = [tok.encode(OPENERS[i % len(OPENERS)], add_special_tokens=False)
+                          for i in indices]
+                asked = invent_questions(
+                    runners, [prefix + o for o in opened], loaded.eos_ids, indices, args.seed,
+                    args.question_tokens, args.top_k,
+                    lambda q: mostly_latin(tok.decode(q, skip_special_tokens=True)))
+                chunk = [("invented", tok.decode(o + q, skip_special_tokens=True).strip())
+                         for o, q in zip(opened, asked, strict=True)]
+            else:
+                chunk = listed[at : indices.stop]
+            if not chunk:
+                break  # the list ran out
             chats = [[{"role": "user", "content": prompt}] for _, prompt in chunk]
             texts = [tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True)
                      for m in chats]
@@ -391,10 +505,14 @@ def main(argv: list[str] | None = None) -> int:
                     records.append(record)
                 tokens += len(answer_ids)
                 reply = tok.decode(answer_ids, skip_special_tokens=True)
-                pending.append(json.dumps({"kind": kind, "prompt": start + i + n, "messages": [
-                    *messages, {"role": "assistant", "content": reply}]}, ensure_ascii=False))
+                line: dict[str, Any] = {"kind": kind, "prompt": at + n}
+                if args.invent:
+                    line["seed"] = args.seed
+                line["messages"] = [*messages, {"role": "assistant", "content": reply}]
+                pending.append(json.dumps(line, ensure_ascii=False))
             answered += len(chunk)
-            if len(pending) >= args.save_every or i + len(chunk) == len(todo):
+            last = len(chunk) < args.batch or indices.stop == end
+            if len(pending) >= args.save_every or last:
                 if not args.text_only:
                     save_records(args.out, records, args.skip)
                 text.write("".join(line + "\n" for line in pending))
