@@ -319,3 +319,15 @@ def test_invented_questions_are_answered_resumed_and_not_mixed(tiny_folder: Path
     with pytest.raises(SystemExit):
         answers.main([a for a in common if a != "--text-only"])
     assert len(text.read_text().splitlines()) == 5  # nothing lost or added by the refusals
+
+
+def test_answers_to_the_end_of_the_list_are_all_written(tiny_folder: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    short = answers.prompts()[:5]
+    monkeypatch.setattr(answers, "prompts", lambda: short)
+    data = tmp_path / "chats"
+    assert answers.main(["--target", str(tiny_folder), "--out", str(data), "--text-only",
+                         "--max-tokens", "3", "--batch", "2", "--save-every", "8",
+                         "--skip", "1"]) == 0  # asks for 10,000: the list ends first
+    chats = [json.loads(line) for line in data.with_name("chats.jsonl").read_text().splitlines()]
+    assert [c["prompt"] for c in chats] == [1, 2, 3, 4]

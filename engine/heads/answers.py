@@ -469,8 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     loaded = load_target(args.target, args.data_dir, args.accel)
     runners, tok = [ModelRunner(loaded.model) for _ in range(args.batch)], loaded.tokenizer
     batched = args.batch > 1
-    end = args.skip + args.prompts
     listed = [] if args.invent else prompts()
+    end = args.skip + args.prompts if args.invent else min(args.skip + args.prompts, len(listed))
     prefix = user_turn_prefix(tok) if args.invent else []
     started, tokens, answered = time.perf_counter(), 0, 0
     pending: list[str] = []  # conversations written with the records that hold them
@@ -488,8 +488,6 @@ def main(argv: list[str] | None = None) -> int:
                          for o, q in zip(opened, asked, strict=True)]
             else:
                 chunk = listed[at : indices.stop]
-            if not chunk:
-                break  # the list ran out
             chats = [[{"role": "user", "content": prompt}] for _, prompt in chunk]
             texts = [tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True)
                      for m in chats]
@@ -505,14 +503,13 @@ def main(argv: list[str] | None = None) -> int:
                     records.append(record)
                 tokens += len(answer_ids)
                 reply = tok.decode(answer_ids, skip_special_tokens=True)
-                line: dict[str, Any] = {"kind": kind, "prompt": at + n}
+                entry: dict[str, Any] = {"kind": kind, "prompt": at + n}
                 if args.invent:
-                    line["seed"] = args.seed
-                line["messages"] = [*messages, {"role": "assistant", "content": reply}]
-                pending.append(json.dumps(line, ensure_ascii=False))
+                    entry["seed"] = args.seed
+                entry["messages"] = [*messages, {"role": "assistant", "content": reply}]
+                pending.append(json.dumps(entry, ensure_ascii=False))
             answered += len(chunk)
-            last = len(chunk) < args.batch or indices.stop == end
-            if len(pending) >= args.save_every or last:
+            if len(pending) >= args.save_every or indices.stop == end:
                 if not args.text_only:
                     save_records(args.out, records, args.skip)
                 text.write("".join(line + "\n" for line in pending))
