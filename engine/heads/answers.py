@@ -19,8 +19,8 @@ one): the way a cheaper model (the draft model) writes chats for teacher forcing
 (``train --conversations FILE.jsonl``), where its own labels would be of no use. With
 ``--invent`` (and ``--text-only``) the model also writes the questions
 (:func:`invent_questions`, after Magpie: it continues its chat template where the user's
-message begins, at temperature 1 over its top-``k``, question ``i`` opening with
-``OPENERS[i % 14]`` and drawn again, up to three times, when it is not mostly in Latin
+message begins, at temperature 1 over its top-``k``, the questions opening with the
+``OPENERS`` in turn, each drawn again, up to three times, when it is not mostly in Latin
 letters): varied prompts that no template makes, each reproducible from ``--seed`` and
 its index.
 
@@ -289,8 +289,9 @@ def answer_batch(runners: Sequence[ModelRunner], prompts: Sequence[list[int]], m
     return [a.record() for a in going]
 
 
+# question i begins with OPENERS[i % len(OPENERS)]
 OPENERS = ("", "How", "What", "Can you", "Please", "Write", "Explain", "Summarise", "I",
-           "Could you", "Why", "My", "Our", "Help me")  # question i begins OPENERS[i % 14]
+           "Could you", "Why", "My", "Our", "Help me")
 
 
 def user_turn_prefix(tokenizer: Any) -> list[int]:
