@@ -122,8 +122,9 @@ def test_text_only_answers_write_chats_that_resume_and_name_their_prompts(
 
 
 def reference_chain(head: EagleHead, target: torch.nn.Module, data: train.Features,
-                    steps: int) -> float:
-    """Draft each chain with the head's cache, feeding its own tokens: accepted per chain."""
+                    steps: int, first: int = 0) -> float:
+    """Draft each chain from row ``first`` on with the head's cache, feeding its own
+    tokens: accepted per chain."""
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
     ids, hidden, top = data.ids[0], data.hidden[0].float(), data.top_ids[0, :, 0]
     n = len(ids) - 1
@@ -131,7 +132,7 @@ def reference_chain(head: EagleHead, target: torch.nn.Module, data: train.Featur
     accepted = counted = 0
     with torch.no_grad():
         for j in range(n - steps):
-            if not greedy[j]:
+            if j < first or not greedy[j]:
                 continue
             counted += 1
             cache = DynamicCache(config=head.decoder.config)  # training's own forward
@@ -146,14 +147,16 @@ def reference_chain(head: EagleHead, target: torch.nn.Module, data: train.Featur
     return accepted / counted
 
 
-def reference_acceptance(head: EagleHead, target: torch.nn.Module, data: train.Features) -> float:
-    """Share of positions whose first draft token (teacher-forced) is the target's greedy."""
+def reference_acceptance(head: EagleHead, target: torch.nn.Module, data: train.Features,
+                         first: int = 0) -> float:
+    """Share of positions from row ``first`` on whose first draft token (teacher-forced) is
+    the target's greedy."""
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
     ids, hidden, top = data.ids[0], data.hidden[0].float(), data.top_ids[0, :, 0]
     with torch.no_grad():
         pred = head(hidden[None, :-1], embed(ids[None, 1:]).float())  # [1, n, H]
         guess = lm_head(pred[0]).argmax(-1)
-    return float((guess == top[1:].long()).float().mean())
+    return float((guess == top[1:].long())[first:].float().mean())
 
 
 def test_the_held_out_measures_count_what_chained_drafting_accepts() -> None:
@@ -176,6 +179,30 @@ def test_the_held_out_measures_count_what_chained_drafting_accepts() -> None:
     measured = train.held_out(random_head(target, seed=0), target.get_input_embeddings(),
                               target.get_output_embeddings(), short, steps=3)
     assert measured.chain == 0.0 and 0.0 <= measured.acceptance <= 1.0
+
+
+def test_the_held_out_measures_count_from_the_first_row_asked_and_add_up() -> None:
+    target = tiny_model("llama", vocab_size=12, seed=2, dtype=torch.float32)
+    prompt = [1, 5, 2, 7, 3, 6]
+    record, _ = answers.answer(ModelRunner(target), prompt, 40, frozenset(), top_k=4)
+    data = train.Features(**answers.pack([record], seq_len=len(record.ids)))
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    head = random_head(target, seed=1)
+    whole = train.held_out(head, embed, lm_head, data, steps=3)
+    first = len(prompt) - 1
+    answer_rows = train.held_out(head, embed, lm_head, data, steps=3, first=first)
+    assert abs(answer_rows.chain - reference_chain(head, target, data, 3, first)) < 1e-9
+    assert abs(answer_rows.acceptance
+               - reference_acceptance(head, target, data, first)) < 1e-6
+    n = len(record.ids) - 1
+    assert answer_rows.positions == n - first and whole.positions == n
+    assert answer_rows.chains == n - 3 - first  # every answer row follows the greedy text
+    both = whole + answer_rows
+    assert (both.hits, both.positions, both.accepted, both.chains) == (
+        whole.hits + answer_rows.hits, 2 * n - first, whole.accepted + answer_rows.accepted,
+        whole.chains + answer_rows.chains)
+    beyond = train.held_out(head, embed, lm_head, data, steps=3, first=n + 5)
+    assert beyond.positions == beyond.chains == 0 and beyond.chain == beyond.acceptance == 0.0
 
 
 def test_training_on_answers_with_unrolled_steps(tiny_folder: Path, tmp_path: Path) -> None:

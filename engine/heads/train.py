@@ -298,16 +298,33 @@ def save_checkpoint(path: Path, head: EagleHead, opt: Any, step: int,
 
 @dataclass(frozen=True)
 class HeldOut:
-    """What a head accepts on held-out windows."""
+    """What a head accepts on held-out windows, as counts (so that several add up)."""
 
-    acceptance: float  # share of positions whose first draft token is the target's greedy one
-    chain: float  # drafts accepted per ``steps``-token greedy chain (see :func:`held_out`)
+    hits: int  # positions whose first draft token is the target's greedy one
+    positions: int  # positions whose first draft token was checked
+    accepted: int  # drafts accepted from greedy chains (see :func:`held_out`)
+    chains: int  # chains counted
+
+    @property
+    def acceptance(self) -> float:
+        """Share of positions whose first draft token is the target's greedy one."""
+        return self.hits / max(1, self.positions)
+
+    @property
+    def chain(self) -> float:
+        """Drafts accepted per ``steps``-token greedy chain."""
+        return self.accepted / max(1, self.chains)
+
+    def __add__(self, other: "HeldOut") -> "HeldOut":
+        return HeldOut(self.hits + other.hits, self.positions + other.positions,
+                       self.accepted + other.accepted, self.chains + other.chains)
 
 
 @torch.inference_mode()
-def held_out(head: EagleHead, embed: Any, lm_head: Any, data: Features, steps: int = 4
-             ) -> HeldOut:
-    """Both held-out measures in one pass over ``data``.
+def held_out(head: EagleHead, embed: Any, lm_head: Any, data: Features, steps: int = 4,
+             first: int = 0) -> HeldOut:
+    """Both held-out measures in one pass over ``data``, counted from context row ``first``
+    on (the rows before it are context only: a prompt, where nothing is drafted).
 
     ``acceptance``: at every position, whether the head's first draft token (full
     ``lm_head``, teacher-forced) equals the target's greedy token. ``chain``: the mean
@@ -334,13 +351,13 @@ def held_out(head: EagleHead, embed: Any, lm_head: Any, data: Features, steps: i
             rows = n if step == 1 else chains
             guess = lm_head(pred[0, :rows]).argmax(-1)  # [rows] drafts at step
             if step == 1:
-                hits += int((guess == top[1:]).sum())
-                total += n
+                hits += int((guess == top[1:])[first:].sum())
+                total += max(0, n - first)
             alive &= (guess[:chains] == top[j + step]) & greedy[j + step]
             run += alive
-        counted += int(greedy[:chains].sum())
-        accepted += int(run.sum())
-    return HeldOut(hits / max(1, total), accepted / max(1, counted))
+        counted += int(greedy[:chains][first:].sum())
+        accepted += int(run[first:].sum())
+    return HeldOut(hits, total, accepted, counted)
 
 
 def load_features(model: Any, tokenizer: Any, args: argparse.Namespace,
