@@ -123,7 +123,7 @@ def test_bad_input_gets_a_clear_error(target: Path, tmp_path: Path,
                          "--answers", str(kept)])
     assert kept.read_text() == "[1, 2]"  # left as it was
     other = save_tiny(tmp_path / "other", layers=4, seed=7)
-    with pytest.raises(SystemExit, match="h.safetensors"):  # a head for another target
+    with pytest.raises(SystemExit, match=r"h\.safetensors"):  # a head for another target
         acceptance.main(["--target", str(other), "--prompts", str(prompts), "--head", str(head)])
     with pytest.raises(SystemExit, match="no head for"):
         acceptance.main(["--target", str(other), "--prompts", str(prompts),
