@@ -343,20 +343,21 @@ def held_out(head: EagleHead, embed: Any, lm_head: Any, data: Features, steps: i
         n = len(ids) - 1
         chains = max(0, n - steps)  # chains after rows j < n - steps can be checked to the end
         embeds = embed(ids[None, 1:]).float()  # [1, n, H]
-        run, alive = torch.zeros(chains, dtype=torch.long), greedy[:chains].clone()
-        j = torch.arange(chains)
+        start = min(first, chains)  # the first chain counted
+        j = torch.arange(start, chains)  # [C] the rows whose chains count
+        run, alive = torch.zeros(len(j), dtype=torch.long), greedy[j].clone()
         preds = draft_steps(head, data.hidden[i : i + 1, :-1].float(), embeds,
                             steps if chains else 1)
         for step, pred in enumerate(preds, 1):
-            rows = n if step == 1 else chains
-            guess = lm_head(pred[0, :rows]).argmax(-1)  # [rows] drafts at step
+            lo, rows = (min(first, n), n) if step == 1 else (start, chains)
+            guess = lm_head(pred[0, lo:rows]).argmax(-1)  # [rows - lo] drafts at step
             if step == 1:
-                hits += int((guess == top[1:])[first:].sum())
-                total += max(0, n - first)
-            alive &= (guess[:chains] == top[j + step]) & greedy[j + step]
+                hits += int((guess == top[1 + lo :]).sum())
+                total += n - lo
+            alive &= (guess[: len(j)] == top[j + step]) & greedy[j + step]
             run += alive
-        counted += int(greedy[:chains][first:].sum())
-        accepted += int(run[first:].sum())
+        counted += int(greedy[j].sum())
+        accepted += int(run.sum())
     return HeldOut(hits, total, accepted, counted)
 
 
