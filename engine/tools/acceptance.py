@@ -178,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{path}: {e}") from None
     answered = cached_answers(args.answers, loaded, prompts, args.max_tokens)
     found = measure(loaded, heads, answered, args.steps)
-    names = [f"{i}: {p.name}" for i, p in enumerate(paths, 1)]
+    names = [p.name for p in paths]
+    if len(set(names)) < len(names):  # heads of one target share a file name
+        names = [str(p) for p in paths]
     sys.stdout.write(table(names, found, args.steps) + "\n")
     if args.json is not None:
         args.json.write_text(json.dumps({
