@@ -12,7 +12,17 @@ from engine.cpu import forward_for, int8_layers, kernels
 from engine.heads import stream
 from engine.heads.files import HeadInfo, load_head, save_head
 from engine.heads.model import EagleHead, HeadConfig, feature_layers_for, with_fusion
-from engine.heads.train import TrainSetup, extract, held_out, reduced_lm_head, window_stream
+from engine.heads.train import (
+    Features,
+    TrainSetup,
+    answer_flags,
+    answer_windows,
+    batch_losses,
+    chat_ids,
+    extract,
+    held_out,
+    reduced_lm_head,
+)
 from engine.spec.calibration import measure
 from engine.spec.drafters import Draft
 from engine.spec.drafters.eagle import EagleDrafter, quantize_head
@@ -237,8 +247,8 @@ def test_streamed_training_lowers_the_loss_resumes_and_makes_a_loadable_file(
     args = stream.parse_args(["--target", "x", "--out", str(tmp_path / "h.safetensors"),
                               "--conversations", str(chats)])
 
-    def source() -> Iterator[torch.Tensor]:
-        return window_stream(tok, stream.conversations(args, 0), 32)
+    def source() -> Iterator[stream.Window]:
+        return answer_windows(tok, stream.conversations(args, 0), 32)
 
     torch.manual_seed(0)
     head = EagleHead(HeadConfig.for_target(model.config, 32, TAPS, fuse_rank=8))
@@ -263,6 +273,84 @@ def test_streamed_training_lowers_the_loss_resumes_and_makes_a_loadable_file(
     assert info.config.fuse_rank == again.config.fuse_rank
     for name, value in again.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[name], value.half().float())
+
+
+def test_answer_windows_mark_the_rows_whose_next_token_is_an_answers(tmp_path: Path) -> None:
+    tok = tiny_tokenizer()
+    chats = stream.corpus_mod.load(write_chats(tmp_path / "chats.jsonl", 6))
+    follow_up = [*chats[0], {"role": "user", "content": "And the next item?"},
+                 {"role": "assistant", "content": "Item 1 comes next."}]
+    conversations = [chats[1], follow_up, chats[2], chats[3]]
+    for messages in conversations:
+        ids = chat_ids(tok, messages)
+        flags = answer_flags(tok, messages, ids)
+        marked = tok.decode([t for t, f in zip(ids, flags, strict=True) if f])
+        for m in messages:
+            assert (m["content"] in marked) == (m["role"] == "assistant")
+        assert ids[: flags.index(True)] == tok.encode(tok.apply_chat_template(
+            messages[:1], tokenize=False, add_generation_prompt=True), add_special_tokens=False)
+    stream_ids = [t for m in conversations for t in chat_ids(tok, m)]
+    stream_flags = [f for m in conversations for f in answer_flags(tok, m, chat_ids(tok, m))]
+    windows = list(answer_windows(tok, conversations, 16))
+    assert len(windows) == len(stream_ids) // 16
+    for n, (ids, mask) in enumerate(windows):
+        at = n * 16
+        assert ids.tolist() == stream_ids[at : at + 16]
+        expected = [*stream_flags, False][at + 1 : at + 17]
+        assert mask.tolist() == expected
+
+
+def test_losses_on_answers_only_ignore_the_other_rows() -> None:
+    model = tiny_model("qwen2", vocab_size=64, layers=LAYERS, dtype=torch.float32, seed=3)
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    data = extract(model, ids, 8, progress=False, taps=TAPS)
+    mask = torch.zeros(2, 12, dtype=torch.bool)
+    mask[:, 5:9] = True
+    head = fused_head(model, seed=1)
+    setup = stream_setup(model, head, 4, Path("unused"))
+
+    def losses(top_ids: torch.Tensor, masked: bool) -> tuple[float, float]:
+        batch = Features(data.ids, data.hidden, top_ids, data.top_probs,
+                         mask if masked else None)
+        reg, ce = batch_losses(head, setup.embed, setup.w_s, setup.lookup, batch, 0.0, 2)
+        return float(reg.detach()), float(ce.detach())
+
+    other = data.top_ids.clone()
+    other[:, :5] = (other[:, :5] + 1) % 64  # other targets on rows the mask leaves out
+    assert losses(other, True) == losses(data.top_ids, True)
+    assert losses(other, False)[1] != losses(data.top_ids, False)[1]
+    other = data.top_ids.clone()
+    other[:, 6] = (other[:, 6] + 1) % 64  # a row the mask counts
+    assert losses(other, True)[1] != losses(data.top_ids, True)[1]
+
+
+def test_streamed_training_on_answers_only_keeps_each_windows_mask(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tok = tiny_tokenizer()
+    model = tiny_model("qwen2", vocab_size=len(tok), layers=LAYERS, dtype=torch.float32, seed=2)
+    chats = stream.corpus_mod.load(write_chats(tmp_path / "chats.jsonl", 12))
+    windows = list(answer_windows(tok, chats, 32))
+    seen: list[Features] = []
+    real = stream.train_step
+
+    def step(setup: TrainSetup, opt: torch.optim.Optimizer, batch: Features, n: int
+             ) -> tuple[float, float, float]:
+        seen.append(batch)
+        return real(setup, opt, batch, n)
+
+    monkeypatch.setattr(stream, "train_step", step)
+    head = fused_head(model, seed=1)
+    for answers_only in (True, False):
+        seen.clear()
+        losses, read = stream.run(stream_setup(model, head, 3, tmp_path / f"{answers_only}.ckpt"),
+                                  model, iter(windows), 3, 1.0, 1, 8, answers_only=answers_only)
+        assert read == 3 and len(losses) == 3
+        if answers_only:  # a buffer of one: each step's batch is the window just read
+            assert [b.mask.tolist() for b in seen] == [[m.tolist()] for _, m in windows[:3]]
+            masks = torch.cat([b.mask for b in seen if b.mask is not None])
+            assert masks.any() and not masks.all()
+        else:
+            assert all(b.mask is None for b in seen)
 
 
 def test_the_stream_command_refuses_bad_input(tmp_path: Path) -> None:

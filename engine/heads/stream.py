@@ -42,6 +42,7 @@ from engine.heads.files import HeadInfo, save_head
 from engine.heads.train import (
     Features,
     TrainSetup,
+    answer_windows,
     extract,
     held_out,
     initial_head,
@@ -52,7 +53,6 @@ from engine.heads.train import (
     resume,
     save_checkpoint,
     train_step,
-    window_stream,
 )
 from engine.spec.drafters.vocab import frequent_ids
 
@@ -102,13 +102,18 @@ def conversations(args: argparse.Namespace, seed: int) -> Iterator[Chat]:
                 yield chats[i]
 
 
+Window = tuple[torch.Tensor, torch.Tensor]  # ids [L] and the answer mask [L] (answer_windows)
+
+
 def stack(items: Sequence[Features]) -> Features:
     """Single-window features ``[1, L, ..]`` as one batch ``[B, L, ..]``."""
-    return Features(*(torch.cat([getattr(f, name) for f in items])
-                      for name in ("ids", "hidden", "top_ids", "top_probs")))
+    masks = [f.mask for f in items if f.mask is not None]
+    return Features(torch.cat([f.ids for f in items]), torch.cat([f.hidden for f in items]),
+                    torch.cat([f.top_ids for f in items]), torch.cat([f.top_probs for f in items]),
+                    torch.cat(masks) if len(masks) == len(items) else None)
 
 
-def held_windows(model: Any, source: Iterator[torch.Tensor], count: int, top_k: int,
+def held_windows(model: Any, source: Iterator[Window], count: int, top_k: int,
                  taps: tuple[int, ...], path: Path) -> Features:
     """The first ``count`` windows' features, read once and kept in ``path``."""
     if path.is_file():
@@ -117,7 +122,7 @@ def held_windows(model: Any, source: Iterator[torch.Tensor], count: int, top_k: 
             for _ in range(count):
                 next(source)
             return Features(**saved)
-    ids = torch.stack([next(source) for _ in range(count)])
+    ids = torch.stack([next(source)[0] for _ in range(count)])
     data = extract(model, ids, top_k, progress=False, taps=taps)
     tmp = path.with_name(path.name + ".tmp")
     torch.save({**vars(data), "taps": list(taps)}, tmp)
@@ -125,11 +130,13 @@ def held_windows(model: Any, source: Iterator[torch.Tensor], count: int, top_k: 
     return data
 
 
-def run(setup: TrainSetup, model: Any, source: Iterator[torch.Tensor], total_windows: int,
-        steps_per_window: float, buffer: int, top_k: int, seed: int = 0
-        ) -> tuple[list[float], int]:
+def run(setup: TrainSetup, model: Any, source: Iterator[Window], total_windows: int,
+        steps_per_window: float, buffer: int, top_k: int, seed: int = 0,
+        answers_only: bool = False) -> tuple[list[float], int]:
     """Read up to ``total_windows`` windows of ``source`` through the target and train on
-    a replay buffer of the last ``buffer``; resumes from ``setup.checkpoint``. Returns
+    a replay buffer of the last ``buffer``; resumes from ``setup.checkpoint``. With
+    ``answers_only`` the losses count only the rows whose next token is an answer's (the
+    rows drafting starts from; EAGLE masks its loss so), the rest being context. Returns
     every step's loss (earlier runs' too) and the windows read in all."""
     head, taps = setup.head.train(), setup.head.config.feature_layers
     opt = optimiser(setup)
@@ -141,10 +148,13 @@ def run(setup: TrainSetup, model: Any, source: Iterator[torch.Tensor], total_win
     recent: deque[Features] = deque(maxlen=buffer)
     rng = random.Random(seed + read)
     started, first, tokens = time.perf_counter(), step, 0
-    for window in source:
+    for window, mask in source:
         if read >= total_windows:
             break
-        recent.append(extract(model, window[None], top_k, progress=False, taps=taps))
+        features = extract(model, window[None], top_k, progress=False, taps=taps)
+        if answers_only:
+            features.mask = mask[None]
+        recent.append(features)
         read += 1
         tokens += len(window)
         due = min(setup.steps, round(read * steps_per_window))
@@ -194,6 +204,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reg-weight", type=float, default=1.0)
     p.add_argument("--unroll", type=int, default=3, help="draft steps trained (training-time test)")
     p.add_argument("--later-weight", type=float, default=0.5)
+    p.add_argument("--answers-only", action="store_true",
+                   help="count the losses on answers' tokens only, the questions being context")
     p.add_argument("--checkpoint-every", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--accel", default="auto")
@@ -227,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     lookup[ce_ids] = torch.arange(len(ce_ids))
     head, base = initial_head(args, loaded)
     taps = head.config.feature_layers
-    source = window_stream(tok, conversations(args, args.seed), args.seq_len)
+    source = answer_windows(tok, conversations(args, args.seed), args.seq_len)
     out: Path = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     held = held_windows(model, source, args.held_out, args.top_k, taps,
@@ -239,12 +251,13 @@ def main(argv: list[str] | None = None) -> int:
                        out.with_name(out.name + ".ckpt"), args.checkpoint_every, args.unroll,
                        args.later_weight, args.reg_weight)
     losses, read = run(setup, model, source, total, args.steps_per_window, args.buffer,
-                       args.top_k, args.seed)
+                       args.top_k, args.seed, args.answers_only)
     measured = held_out(head, embed, lm_head, held)
     extra: dict[str, Any] = {
         "held_out_tokens": int(held.ids.numel()), "steps": len(losses), "ce_vocab": len(ce_ids),
         "top_k": args.top_k, "first_loss": losses[0] if losses else None,
         "final_loss": losses[-1] if losses else None, "unroll": args.unroll,
+        "answers_only": args.answers_only,
         "seconds": round(time.perf_counter() - began), "teacher_forced": True,
         "corpus": ", ".join(s for s in (
             *(p.name for p in args.conversations or ()), "packages" if args.packages else "",

@@ -65,13 +65,15 @@ class Features:
     # residual streams of the fused layers for an EAGLE-3 head (F = (layers + 1) H)
     top_ids: torch.Tensor  # [N, L, K] the target's most likely next tokens
     top_probs: torch.Tensor  # [N, L, K] their probabilities (float16)
+    # [N, L] whether position t's loss counts (its next token is an answer's); None: all do
+    mask: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])
 
     def subset(self, rows: slice | torch.Tensor) -> "Features":
         return Features(self.ids[rows], self.hidden[rows], self.top_ids[rows],
-                        self.top_probs[rows])
+                        self.top_probs[rows], None if self.mask is None else self.mask[rows])
 
 
 def chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
@@ -80,16 +82,48 @@ def chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
+def answer_flags(tokenizer: Any, messages: list[dict[str, str]], ids: list[int]) -> list[bool]:
+    """Which of ``ids`` (``chat_ids(messages)``) belong to an assistant's message: from the
+    end of the prompt that asks for it (the template's generation prompt) to the end of the
+    message as the template writes it. A template whose prompt does not begin the rendered
+    conversation marks nothing of that message."""
+    flags = [False] * len(ids)
+    for k, message in enumerate(messages):
+        if message.get("role") != "assistant" or k == 0:
+            continue
+        asked = list(tokenizer.encode(tokenizer.apply_chat_template(
+            messages[:k], tokenize=False, add_generation_prompt=True), add_special_tokens=False))
+        upto = chat_ids(tokenizer, messages[: k + 1])
+        start, end = len(asked), len(upto)
+        if upto[:start] == asked and ids[:end] == upto:
+            flags[start:end] = [True] * (end - start)
+    return flags
+
+
+def answer_windows(tokenizer: Any, conversations: Iterable[list[dict[str, str]]],
+                   seq_len: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Chat-templated conversations, one after another, cut into ``[seq_len]`` windows as
+    they come (a partial tail dropped), each with its mask ``[seq_len]``: whether a
+    position's next token is an answer's (:func:`answer_flags`), the rows a drafter drafts
+    from."""
+    stream: list[int] = []
+    flags: list[bool] = []
+    for messages in conversations:
+        ids = chat_ids(tokenizer, messages)
+        stream += ids
+        flags += answer_flags(tokenizer, messages, ids)
+        while len(stream) >= seq_len:
+            # the next token after a conversation's last is the next one's first: no answer's
+            after = flags[1 : seq_len + 1] + [False] * (seq_len + 1 - len(flags))
+            yield (torch.tensor(stream[:seq_len], dtype=torch.long),
+                   torch.tensor(after[:seq_len], dtype=torch.bool))
+            del stream[:seq_len], flags[:seq_len]
+
+
 def window_stream(tokenizer: Any, conversations: Iterable[list[dict[str, str]]],
                   seq_len: int) -> Iterator[torch.Tensor]:
-    """Chat-templated conversations, one after another, cut into ``[seq_len]`` windows as
-    they come (a partial tail dropped)."""
-    stream: list[int] = []
-    for messages in conversations:
-        stream += chat_ids(tokenizer, messages)
-        while len(stream) >= seq_len:
-            yield torch.tensor(stream[:seq_len], dtype=torch.long)
-            del stream[:seq_len]
+    """:func:`answer_windows` without the masks."""
+    return (ids for ids, _ in answer_windows(tokenizer, conversations, seq_len))
 
 
 def windows(tokenizer: Any, conversations: list[list[dict[str, str]]], seq_len: int,
@@ -190,12 +224,16 @@ def _step_losses(pred: torch.Tensor, target: torch.Tensor, w_s: torch.Tensor,
                  lookup: torch.Tensor, batch: Features, offset: int
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Losses of predicted features ``[B, R, H]`` against ``f_{j+offset}`` and the target's
-    next-token distributions there."""
-    reg = F.smooth_l1_loss(pred, target)
+    next-token distributions there, averaged over the rows ``batch.mask`` counts."""
+    reg = F.smooth_l1_loss(pred, target, reduction="none").mean(-1)  # [B, R]
     logp = (pred @ w_s).log_softmax(-1)  # [B, R, S]
     index, weight = soft_targets(batch.top_ids[:, offset:], batch.top_probs[:, offset:], lookup)
-    ce = -(weight * logp.gather(-1, index)).sum(-1).mean()
-    return reg, ce
+    ce = -(weight * logp.gather(-1, index)).sum(-1)  # [B, R]
+    if batch.mask is None:
+        return reg.mean(), ce.mean()
+    counts = batch.mask[:, offset:].float()  # [B, R]
+    rows = counts.sum().clamp_min(1.0)
+    return (reg * counts).sum() / rows, (ce * counts).sum() / rows
 
 
 def learning_rate(step: int, total: int, peak: float) -> float:
