@@ -294,6 +294,12 @@ OPENERS = ("", "How", "What", "Can you", "Please", "Write", "Explain", "Summaris
            "Could you", "Why", "My", "Our", "Help me")
 
 
+def prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """``messages`` chat-templated as a prompt for the assistant's answer, as token ids."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
 def user_turn_prefix(tokenizer: Any) -> list[int]:
     """The ids of a chat up to where its user's first message begins (the template's
     system prompt included): what a model continues to write a question of its own."""
@@ -490,9 +496,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 chunk = listed[at : indices.stop]
             chats = [[{"role": "user", "content": prompt}] for _, prompt in chunk]
-            texts = [tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True)
-                     for m in chats]
-            ids = [tok.encode(text, add_special_tokens=False) for text in texts]
+            ids = [prompt_ids(tok, m) for m in chats]
             if batched:
                 done = answer_batch(runners, ids, args.max_tokens, loaded.eos_ids, args.top_k)
             else:

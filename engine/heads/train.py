@@ -91,8 +91,7 @@ def answer_flags(tokenizer: Any, messages: list[dict[str, str]], ids: list[int])
     for k, message in enumerate(messages):
         if message.get("role") != "assistant" or k == 0:
             continue
-        asked = list(tokenizer.encode(tokenizer.apply_chat_template(
-            messages[:k], tokenize=False, add_generation_prompt=True), add_special_tokens=False))
+        asked = answers.prompt_ids(tokenizer, messages[:k])
         upto = chat_ids(tokenizer, messages[: k + 1])
         start, end = len(asked), len(upto)
         if upto[:start] == asked and ids[:end] == upto:

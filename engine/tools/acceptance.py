@@ -49,10 +49,8 @@ class Answered:
 def target_answers(loaded: Any, prompts: Sequence[dict[str, str]], max_tokens: int
                    ) -> list[Answered]:
     """The target's greedy answers to ``prompts``, all written together."""
-    tok = loaded.tokenizer
-    ids = [list(tok.encode(tok.apply_chat_template([{"role": "user", "content": p["prompt"]}],
-                                                   tokenize=False, add_generation_prompt=True),
-                           add_special_tokens=False)) for p in prompts]
+    ids = [answers.prompt_ids(loaded.tokenizer, [{"role": "user", "content": p["prompt"]}])
+           for p in prompts]
     runners = [ModelRunner(loaded.model) for _ in ids]
     done = answers.answer_batch(runners, ids, max_tokens, loaded.eos_ids, top_k=1)
     return [Answered(p["kind"], prompt, answer)
