@@ -3,16 +3,20 @@
 import pytest
 import torch
 
+from engine.heads.model import EagleHead, HeadConfig
 from engine.models.loading import LoadedModel
 from engine.spec.decoding import decode
 from engine.spec.drafters.draft_model import DraftModelDrafter
+from engine.spec.drafters.eagle import EagleDrafter
 from engine.spec.drafters.ngram import NgramDrafter
 from engine.spec.runner import ModelRunner
 from engine.spec.sampling import SamplingParams
 from engine.tools.replay import (
     Case,
+    HeadTrace,
     Method,
     Trace,
+    head_trace,
     interpolate,
     measure_costs,
     model_chain,
@@ -70,7 +74,7 @@ def test_replayed_draft_model_keeps_what_decoding_kept(seed: int, min_confidence
     assert tokens == answer
     case = Case("summary", PROMPT, answer, 2.0, 1.0)
     tr = trace(DraftModelDrafter(loaded, VOCAB).runner, case)
-    method = Method("draft", 4, model=True, min_confidence=min_confidence)
+    method = Method("draft", 4, model="draft", min_confidence=min_confidence)
     flat = interpolate({1: 1.0, 2: 1.0})
     assert replay(case, tr, method, flat, flat)[1] == kept
 
@@ -80,7 +84,7 @@ def test_a_free_perfect_drafter_is_predicted_k_plus_one_times_faster() -> None:
     case = Case("free chat", [1, 2, 3], answer, 21.0, 2.0)  # 1 s per token after the first
     tr = Trace(answer, [1.0] * len(answer), 0.0)
     free, flat = interpolate({1: 0.0, 2: 0.0}), interpolate({1: 1.0, 2: 1.0})
-    speedup, generation = predict([case], [tr], Method("draft", 4, model=True), flat, free)[
+    speedup, generation = predict([case], [tr], Method("draft", 4, model="draft"), flat, free)[
         "overall"]
     assert generation == pytest.approx(19 / 3)  # 4 passes of 5 tokens, less the first token's
     assert speedup == pytest.approx(21 / (2 + 3))
@@ -93,3 +97,67 @@ def test_costs_are_measured_for_every_size_of_both_models() -> None:
     assert sorted(target_s) == [1, 2, 3, 4, 5, 8] and sorted(draft_s) == [1, 2, 4, 8]
     assert all(v > 0 for v in [*target_s.values(), *draft_s.values()])
     assert measure_costs(target, None, reps=1)[1] == {}
+
+
+def repeating_head(target: torch.nn.Module, taps: tuple[int, ...] = (), noise: float = 0.0,
+                   seed: int = 0) -> EagleHead:
+    """A head whose predicted feature is the one it reads, so it drafts the last token again
+    and again (the target's greedy token for the row it read): right all along a run of one
+    token. ``noise`` stirs in the fused lower layers."""
+    torch.manual_seed(seed)
+    head = EagleHead(HeadConfig.for_target(target.config, 32, taps, fuse_rank=4))
+    size = head.config.hidden_size
+    with torch.no_grad():
+        head.fc.weight.zero_()
+        head.fc.weight[:, :size] = torch.eye(size)
+        head.fc.bias.zero_()
+        for layer in head.decoder.layers:  # the residual stream passes through unchanged
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        if head.fuse_up is not None:
+            head.fuse_up.weight.normal_(0.0, noise)
+    return head.to(target.dtype).eval()
+
+
+@pytest.mark.parametrize(("kind", "taps", "min_confidence"),
+                         [("llama", (), 0.0), ("qwen2", (), 0.0), ("llama", (), 0.2),
+                          ("llama", (1, 2), 0.0), ("qwen2", (1, 2), 0.2)])
+def test_replayed_eagle_head_keeps_what_decoding_kept(kind: str, taps: tuple[int, ...],
+                                                      min_confidence: float) -> None:
+    target = tiny_model(kind, vocab_size=12, layers=4, seed=2, scale=4.0)
+    answer, _ = decoded(target, None)
+    drafter = EagleDrafter(repeating_head(target, taps, noise=0.5), target,
+                           min_confidence=min_confidence, draft_vocab=10, keep_ids=[11])
+    tokens, kept = decoded(target, drafter, k=4)
+    assert tokens == answer and max(kept) >= 2  # whole runs of drafts were kept
+    case = Case("free chat", PROMPT, answer, 2.0, 1.0)
+    tr = head_trace(drafter, target, case, 4)
+    method = Method("eagle", 4, model="eagle", min_confidence=min_confidence)
+    flat = interpolate({1: 1.0, 2: 1.0})
+    assert replay(case, tr, method, flat, flat)[1] == kept
+
+
+def test_a_head_trace_reads_its_chains_by_step() -> None:
+    tr = HeadTrace([], [], 0.0, steps=[[1, 2, 3], [8, 3, -1]],
+                   step_confidence=[[0.9, 0.9, 0.9], [0.9, 0.2, 0.0]])
+    answer = [1, 2, 3]
+    assert model_chain(tr, answer, 0, 2, 0.5) == (2, 1)  # step 2 guessed 8, not 2
+    assert model_chain(tr, answer, 1, 2, 0.5) == (2, 2)  # unsure of 3 (rightly): stops
+    assert model_chain(tr, answer, 2, 2, 0.5) == (1, 1)  # the answer ends
+
+
+def test_a_head_catches_up_on_every_token_of_the_last_pass() -> None:
+    """A head drops its drafts' entries, so each pass feeds it the tokens kept last pass
+    and the target's own (a draft model keeps its drafts and reads one)."""
+    answer = list(range(10, 30))
+    case = Case("code editing", [1, 2, 3], answer, 21.0, 2.0)
+    right = [[*answer[j:], *[-1] * j] for j in range(4)]  # step j + 1 of the chain at i
+    tr = HeadTrace([], [], 0.0, right, [[1.0] * len(answer)] * 4)
+    flat, fed = interpolate({1: 1.0, 2: 1.0}), interpolate({1: 1.0, 2: 2.0})
+    units, kept = replay(case, tr, Method("eagle", 4, model="eagle"), flat, fed)
+    assert kept == [4, 4, 4, 4]
+    # passes: catch-ups of 1, 5, 5, 5 tokens and 3 more steps each; 4 verifications
+    assert units == (1 + 3) + 3 * (5 + 3) + 4 - 1
+    units, _ = replay(case, Trace(answer, [1.0] * len(answer), 0.0),
+                      Method("draft", 4, model="draft"), flat, fed)
+    assert units == (1 + 3) + 3 * (2 + 3) + 4 - 1  # a draft model reads two a pass

@@ -11,15 +11,20 @@ context, so it replays exactly. A draft model's greedy chain from answer positio
 ``i`` agrees with the answer for as long as the model's prediction *given the true
 context* agrees at each position (up to the first miss both contexts are the same),
 so one forward of the draft model over prompt + answer (:func:`trace`) gives every
-chain's accepted length and the confidences that stop it. What the chain proposes
-after its first miss is unknown; the replay lets it run on to its limit (the cost a
-pass may pay, never a token gained).
+chain's accepted length and the confidences that stop it. An EAGLE head's later steps
+read its own predicted features, not the target's, so its chains come from one forward
+per draft step over every position at once (:func:`head_trace`, the head's steps as
+:func:`engine.heads.model.draft_steps` unrolls them, through the drafter's own
+quantized layers and trimmed output layer). What a chain proposes after its first miss
+is unknown; the replay lets it run on to its limit (the cost a pass may pay, never a
+token gained).
 
 Costs are measured here on the same models: ``t(k)`` of the target, the draft model's
 forward over ``k`` tokens (a step, or a catch-up with context it did not see), and
-its prompt processing per prompt. Times are in units of ``t(1)`` and scaled, per
-prompt, by the recorded plain generation time per token; the recorded time to the
-first token is kept and the draft model's prompt processing added to it.
+its prompt processing per prompt; the head's step and its reading per prompt token
+come from :func:`engine.spec.calibration.measure`. Times are in units of ``t(1)`` and
+scaled, per prompt, by the recorded plain generation time per token; the recorded time
+to the first token is kept and the model's prompt processing added to it.
 """
 
 import argparse
@@ -36,8 +41,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.heads.model import draft_steps
 from engine.models.registry import PROFILES
+from engine.spec import calibration
 from engine.spec.drafters.draft_model import DRAFT_WINDOW
+from engine.spec.drafters.eagle import EagleDrafter
 from engine.spec.drafters.ngram import ngram_lookup
 from engine.spec.drafters.suffix import SuffixDrafter
 from engine.spec.policy import DraftPolicy
@@ -76,6 +84,24 @@ class Trace:
     confidence: list[float]
     prefill_s: float
 
+    def guess(self, i: int, j: int) -> tuple[int, float]:
+        """Step ``j + 1`` of the chain begun at answer position ``i`` while it has been
+        right: the guess for position ``i + j`` and its probability. A model reading
+        the true context guesses there what it guesses from the chain's own tokens."""
+        return self.predicted[i + j], self.confidence[i + j]
+
+
+@dataclass
+class HeadTrace(Trace):
+    """An EAGLE head's chains: ``steps[j][i]`` and ``step_confidence[j][i]`` are step
+    ``j + 1`` of the chain begun at answer position ``i`` (``-1`` past the answer)."""
+
+    steps: list[list[int]] = field(default_factory=list)
+    step_confidence: list[list[float]] = field(default_factory=list)
+
+    def guess(self, i: int, j: int) -> tuple[int, float]:
+        return self.steps[j][i], self.step_confidence[j][i]
+
 
 def interpolate(points: dict[int, float]) -> Costs:
     """Piecewise-linear ``k -> cost`` through measured points, extended linearly."""
@@ -95,11 +121,12 @@ def interpolate(points: dict[int, float]) -> Costs:
 
 def model_chain(trace: Trace, answer: Sequence[int], i: int, k: int,
                 min_confidence: float) -> tuple[int, int]:
-    """``(drafted, accepted)`` of a draft model's greedy chain of at most ``k`` at ``i``."""
+    """``(drafted, accepted)`` of a model's greedy chain of at most ``k`` at ``i``."""
     accepted = 0
     for j in range(min(k, len(answer) - i)):
-        hit = trace.predicted[i + j] == answer[i + j]
-        if trace.confidence[i + j] < min_confidence:
+        token, confidence = trace.guess(i, j)
+        hit = token == answer[i + j]
+        if confidence < min_confidence:
             return j + 1, accepted + hit  # this guess is proposed, then drafting stops
         if not hit:
             return k, accepted  # what follows a miss is unknown: assume it runs on
@@ -117,12 +144,13 @@ def kept(draft: Sequence[int], answer: Sequence[int], i: int) -> int:
 
 @dataclass
 class Method:
-    """A drafting setting to replay: ``lookup`` (ngram/suffix/None) and/or the model."""
+    """A drafting setting to replay: ``lookup`` (ngram/suffix/None) and/or a model
+    (``"draft"``, the draft model, or ``"eagle"``, the head), the lookup first."""
 
     name: str
     k: int | None  # fixed draft length, None = the adaptive policy
     lookup: str | None = None
-    model: bool = False
+    model: str | None = None
     min_confidence: float = 0.8
     policy: DraftPolicy = field(default_factory=DraftPolicy)
     suffix: SuffixDrafter = field(default_factory=SuffixDrafter)
@@ -133,7 +161,7 @@ def replay(case: Case, trace: Trace | None, method: Method, t: Costs, d: Costs
     """Predicted generation time of ``case`` after its first token (in the unit of ``t``
     and ``d``) and the tokens each pass's verification kept."""
     answer, context = case.answer, list(case.prompt)
-    i, total, cached = 0, 0.0, len(case.prompt) - 1  # the draft model's cache length
+    i, total, cached = 0, 0.0, len(case.prompt) - 1  # the model's cache length
     kept_per_pass: list[int] = []
     method.policy.new_answer()
     while i < len(answer):
@@ -150,7 +178,8 @@ def replay(case: Case, trace: Trace | None, method: Method, t: Costs, d: Costs
             drafted, accepted = model_chain(trace, answer, i, gamma, method.min_confidence)
             catch_up = len(context) - cached
             draft_cost = d(catch_up) + (drafted - 1) * d(1)
-            cached = len(context) + drafted - 1
+            # the draft model keeps its drafts' entries; a head drops them after drafting
+            cached = len(context) + drafted - 1 if method.model == "draft" else len(context)
         verify = t(drafted + 1)
         total += verify + draft_cost
         if not method.k:
@@ -200,6 +229,38 @@ def trace(runner: ModelRunner, case: Case, window: int | None = DRAFT_WINDOW) ->
     return Trace(predicted, confidence, prefill_s)
 
 
+@torch.inference_mode()
+def head_trace(drafter: EagleDrafter, target: Any, case: Case, k: int, read: float = 0.0
+               ) -> HeadTrace:
+    """The head's greedy chains of up to ``k`` over ``case``'s answer, each begun from the
+    true context with the target's features, as :class:`EagleDrafter` drafts them.
+
+    ``read``: the head's reading of a prompt token in ``t(1)``, which with the case's
+    plain step gives its prompt reading in seconds."""
+    if len(case.prompt) < 2:
+        raise ValueError("a head needs a prompt of at least two tokens to draft from")
+    runner = ModelRunner(target)
+    runner.keep_hidden(True, drafter.feature_layers)
+    ids = [*case.prompt, *case.answer]
+    runner.sync(ids[:-1])
+    assert runner.hidden is not None
+    dtype = runner.hidden.dtype  # what the drafter's output layer reads
+    features = runner.hidden[None].to(drafter.dtype)  # [1, n, F], n = len(ids) - 1
+    embeds = drafter.embed(torch.tensor([ids[1:]], dtype=torch.long)).to(drafter.dtype)
+    first = len(case.prompt) - 2  # the row the chain at answer position 0 is fed
+    steps: list[list[int]] = []
+    confidence: list[list[float]] = []
+    for pred in draft_steps(drafter.head, features, embeds, k):  # [1, n - s + 1, H]
+        top = drafter.lm_head(pred[0, first:].to(dtype)).float().softmax(-1).max(-1)
+        n = len(case.answer)  # chains begun at 0..n-1; a step past the answer has no row
+        steps.append((top.indices.tolist() + [-1] * n)[:n])
+        confidence.append((top.values.tolist() + [0.0] * n)[:n])
+    steps += [[-1] * len(case.answer)] * (k - len(steps))
+    confidence += [[0.0] * len(case.answer)] * (k - len(confidence))
+    prefill_s = read * (len(case.prompt) - 1) * case.per_token_s
+    return HeadTrace([], [], prefill_s, steps, confidence)
+
+
 def measure_costs(target: ModelRunner, draft: ModelRunner | None, reps: int = 15
                   ) -> tuple[dict[int, float], dict[int, float]]:
     """Median seconds of target verifications over k = 1..8 new tokens and of the draft
@@ -222,14 +283,24 @@ def load_cases(engine: ChatEngine, results: dict[str, Any]) -> list[Case]:
     return cases
 
 
-def methods(min_confidences: Sequence[float]) -> list[Method]:
+def methods(min_confidences: Sequence[float], head_confidences: Sequence[float] = ()
+            ) -> list[Method]:
+    """The settings replayed: the lookups, the draft model and its hybrid at each of
+    ``min_confidences``, and the head alone and after the suffix lookup at each of
+    ``head_confidences``."""
     out = [Method(f"ngram k={k}", k, lookup="ngram") for k in (3, 4)]
     out.append(Method("ngram adaptive", None, lookup="ngram"))
+    out.append(Method("suffix adaptive", None, lookup="suffix"))
     for c in min_confidences:
-        out += [Method(f"draft k=4 min_conf={c}", 4, model=True, min_confidence=c),
-                Method(f"draft adaptive min_conf={c}", None, model=True, min_confidence=c),
-                Method(f"hybrid adaptive min_conf={c}", None, lookup="suffix", model=True,
+        out += [Method(f"draft k=4 min_conf={c}", 4, model="draft", min_confidence=c),
+                Method(f"draft adaptive min_conf={c}", None, model="draft", min_confidence=c),
+                Method(f"hybrid adaptive min_conf={c}", None, lookup="suffix", model="draft",
                        min_confidence=c)]
+    for c in head_confidences:
+        out += [Method(f"eagle k=4 min_conf={c}", 4, model="eagle", min_confidence=c),
+                Method(f"eagle adaptive min_conf={c}", None, model="eagle", min_confidence=c),
+                Method(f"hybrid-eagle adaptive min_conf={c}", None, lookup="suffix",
+                       model="eagle", min_confidence=c)]
     return out
 
 
@@ -248,29 +319,66 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("results", type=Path, help="a benchmark's JSON file (with its plain row)")
     parser.add_argument("--min-confidence", default="0.3,0.5,0.8",
                         help="comma-separated draft-model thresholds to replay")
+    parser.add_argument("--head-confidence", default="0.1,0.3,0.5",
+                        help="comma-separated EAGLE head thresholds to replay")
+    parser.add_argument("--head", type=Path, default=None,
+                        help="EAGLE head file to replay (default: the installed or shipped one)")
     args = parser.parse_args(argv)
+    if args.head is not None and not args.head.is_file():
+        parser.error(f"{args.head} does not exist")
+    try:
+        wanted = [float(c) for c in args.min_confidence.split(",") if c]
+        head_wanted = [float(c) for c in args.head_confidence.split(",") if c]
+    except ValueError as e:
+        parser.error(f"thresholds are comma-separated numbers ({e})")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     results = json.loads(args.results.read_text())
     target, draft = PROFILES[results["meta"]["profile"]]
-    engine = ChatEngine.load(target, draft)
+    engine = ChatEngine.load(target, draft, head=args.head)
     cases = load_cases(engine, results)
     runner: ModelRunner | None = getattr(engine.drafters.get("draft"), "runner", None)
+    head = engine.drafters.get("eagle")
     target_s, draft_s = measure_costs(ModelRunner(engine.target.model), runner)
     t = interpolate({k: v / target_s[1] for k, v in target_s.items()})
-    d = interpolate({k: v / target_s[1] for k, v in draft_s.items()} or {1: 0.0, 2: 0.0})
-    traces = [trace(runner, case) if runner is not None else Trace([], [], 0.0) for case in cases]
-    wanted = [float(c) for c in args.min_confidence.split(",") if c]
-    rows = [(m.name, predict(cases, traces, m, t, d)) for m in methods(wanted)
-            if runner is not None or not m.model]
+    costs = {"draft": interpolate({k: v / target_s[1] for k, v in draft_s.items()}
+                                  or {1: 0.0, 2: 0.0})}
+    traces: dict[str, list[Trace]] = {}
+    if runner is not None:
+        traces["draft"] = [trace(runner, case) for case in cases]
+    note = ""
+    if isinstance(head, EagleDrafter):
+        step, read = head_costs(engine.target.model, head)
+        costs["eagle"] = interpolate({1: step, 64: step + 63 * read})  # catch-ups read rows
+        traces["eagle"] = [head_trace(head, engine.target.model, case, 4, read)
+                           for case in cases]
+        note = (f"; the head ({head.info.get('file')}, {head.info.get('kind')}): a step "
+                f"{step:.3f}, a prompt token {read:.4f}")
+    no_trace = [Trace([], [], 0.0)] * len(cases)
+    rows = [(m.name, predict(cases, traces.get(m.model or "", no_trace), m, t,
+                             costs.get(m.model or "", costs["draft"])))
+            for m in methods(wanted, head_wanted) if not m.model or m.model in traces]
     sys.stdout.write(
         f"Costs measured now (t(1) = {target_s[1] * 1e3:.0f} ms): t(k)/t(1) "
         + ", ".join(f"{k}: {t(k):.2f}" for k in sorted(target_s))
         + "; draft model forward over k tokens / t(1) "
-        + ", ".join(f"{k}: {d(k):.2f}" for k in sorted(draft_s)) + "\n\n"
+        + ", ".join(f"{k}: {costs['draft'](k):.2f}" for k in sorted(draft_s)) + note + "\n\n"
         "Predicted speedup over plain (after the first token in brackets); predictions\n"
         "move with these costs, so compare settings within one replay.\n\n")
     sys.stdout.write(table(rows))
     return 0
+
+
+def head_costs(target: Any, head: EagleDrafter) -> tuple[float, float]:
+    """The head's draft step and its reading of a prompt token, in ``t(1)``, as the
+    worker's calibration measures them (:func:`engine.spec.calibration.measure`)."""
+    slices = calibration.measure(target, {"eagle": head}, "replay")
+    while True:
+        try:
+            next(slices)
+        except StopIteration as done:
+            measured: calibration.Calibration = done.value
+            break
+    return measured.step["eagle"], measured.read["eagle"]
 
 
 if __name__ == "__main__":
