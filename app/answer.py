@@ -29,7 +29,7 @@ from typing import Any
 METHOD_NAMES = {
     "draft": "draft model", "ngram": "n-gram lookup", "suffix": "suffix lookup",
     "hybrid": "lookup, else draft model",
-    "eagle": "EAGLE head", "off": "plain decoding",
+    "eagle": "EAGLE head", "hybrid-eagle": "lookup, else EAGLE head", "off": "plain decoding",
 }
 
 

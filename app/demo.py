@@ -24,7 +24,8 @@ from app.answer import AnswerStats, method_name
 from engine.protocol import COLD
 
 EXCERPT = 24
-LOOKUPS = ("suffix", "hybrid")  # methods that draft from the office's earlier answers
+# methods that draft from the office's earlier answers
+LOOKUPS = ("suffix", "hybrid", "hybrid-eagle")
 
 
 @dataclass(frozen=True)

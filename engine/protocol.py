@@ -9,7 +9,7 @@ from typing import Any
 
 PROTOCOL_VERSION = 1
 
-METHODS = ("draft", "ngram", "suffix", "hybrid", "eagle", "off")
+METHODS = ("draft", "ngram", "suffix", "hybrid", "eagle", "hybrid-eagle", "off")
 """Drafting methods by name; ``off`` is plain decoding."""
 
 ACCELERATIONS = ("auto", "off", "fp32", "int4", "int4+int8")

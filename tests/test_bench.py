@@ -221,7 +221,8 @@ def test_head_rows_draft_with_the_other_head_and_give_the_engines_back(tmp_path:
     specs += bench.head_specs(other, 2, 10)
     assert [name for name, _ in specs[1:]] == ["eagle k=2 [other.safetensors]",
                                                "eagle adaptive [other.safetensors]",
-                                               "eagle tree k=2 [other.safetensors]"]
+                                               "eagle tree k=2 [other.safetensors]",
+                                               "hybrid-eagle adaptive [other.safetensors]"]
     branches = other.branches
     mine = engine.drafters["eagle"]
     seen, branchings = [], set()

@@ -109,3 +109,37 @@ def test_hybrid_takes_the_lookup_when_it_matches_else_the_draft_model() -> None:
     assert model.observed == 1
     with pytest.raises(ValueError, match="min_lookup"):
         HybridDrafter(table, min_lookup=0)
+
+
+class Seeing(Recording):
+    """A model part that wants the target's features (as an EAGLE head does)."""
+
+    wants_hidden = True
+    feature_layers = (1, 3)
+
+    def __init__(self, tokens: tuple[int, ...]) -> None:
+        super().__init__(tokens)
+        self.features: torch.Tensor | None = None
+
+    def observe_hidden(self, features: torch.Tensor | None) -> None:
+        self.features = features
+
+
+def test_a_hybrid_with_a_head_hands_it_the_features_and_drafts_with_it() -> None:
+    head, draft = Seeing((50, 51)), Recording((40, 41))
+    table = {"suffix": SuffixDrafter([[5, 6, 7, 8, 9]]), "draft": draft, "eagle": head}
+    hybrid = HybridDrafter(table, model="eagle")
+    assert hybrid.name == "hybrid-eagle" and hybrid.parts == ("suffix", "eagle")
+    assert hybrid.wants_hidden and hybrid.feature_layers == (1, 3) and hybrid.reads_prompt
+    features = torch.ones(2, 12)
+    hybrid.observe_hidden(features)
+    assert head.features is features
+    hybrid.prefill([1, 2])
+    assert (head.prefilled, draft.prefilled) == (1, 0)
+    assert hybrid.propose([1, 5, 6], 3, GREEDY, GEN).tokens == (7, 8, 9)
+    assert hybrid.propose([1, 2, 3], 3, GREEDY, GEN).tokens == (50, 51)
+    assert (head.calls, draft.calls) == (1, 0)
+    plain = HybridDrafter(table)
+    assert plain.name == "hybrid" and not plain.wants_hidden and plain.feature_layers == ()
+    with pytest.raises(ValueError, match="draft or eagle"):
+        HybridDrafter(table, model="ngram")

@@ -2,8 +2,9 @@
 drafting with them, teacher-forced data and streamed training (issue #27)."""
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -24,13 +25,16 @@ from engine.heads.train import (
     reduced_lm_head,
 )
 from engine.spec.calibration import measure
+from engine.spec.decoding import decode
 from engine.spec.drafters import Draft
 from engine.spec.drafters.eagle import EagleDrafter, quantize_head
+from engine.spec.drafters.hybrid import HybridDrafter
+from engine.spec.drafters.suffix import SuffixDrafter
 from engine.spec.runner import ModelRunner
 from engine.spec.sampling import SamplingParams
 from engine.spec.session import ChatEngine
 from tests.test_calibration import TickClock, measured
-from tests.test_decoding import prompts
+from tests.test_decoding import prompts, run
 from tests.test_eagle import greedy_equals_plain, random_head
 from tests.tiny import tiny_loaded, tiny_model, tiny_tokenizer
 
@@ -410,3 +414,39 @@ def test_calibration_measures_heads_of_each_width_on_their_own_features() -> Non
     cal, _ = measured(measure(target, drafters, "key", budget_s=0.0, clock=TickClock()))
     assert set(cal.step) == {"eagle1", "eagle3"}
     assert drafted["eagle1"] > 0 and drafted["eagle3"] > 0  # both read features they fit
+
+
+@pytest.mark.parametrize(("kind", "fused"), [("llama", False), ("qwen2", True)])
+def test_greedy_lookup_else_head_equals_greedy_plain(kind: str, fused: bool) -> None:
+    """``hybrid-eagle``: passes the lookup drafts leave the head behind; it catches up on
+    them at its next draft, and every answer stays plain decoding's."""
+    vocab = 64
+    target = tiny_model(kind, vocab_size=vocab, layers=LAYERS, seed=1, scale=4.0)
+    head = fused_head(target) if fused else random_head(target)
+    eagle = EagleDrafter(head, target, min_confidence=0.0, draft_vocab=40, keep_ids=[vocab - 1])
+    calls = {"suffix": 0, "eagle": 0}  # drafts each part gave the hybrid
+    eagle.propose = counted(eagle.propose, calls, "eagle", 1)  # type: ignore[method-assign]
+    for i, prompt in enumerate(prompts(4, vocab, seed=12)):
+        plain = run(target, prompt, n=24)
+        # the lookup knows the first half of the answer; the head drafts the rest
+        lookup = SuffixDrafter([[*prompt[-2:], *plain[:12]]], key_len=2)
+        lookup.propose = counted(lookup.propose, calls, "suffix", 2)  # type: ignore[method-assign]
+        hybrid = HybridDrafter({"suffix": lookup, "eagle": eagle}, min_lookup=2, model="eagle")
+        eagle.reset()
+        steps = decode(ModelRunner(target), prompt, params=SamplingParams(), max_new_tokens=24,
+                       max_context=256, drafter=hybrid, num_draft_tokens=3,
+                       first_token_first=i % 2 == 1)
+        assert [t for s in steps for t in s.tokens] == plain, (prompt, i)
+    assert calls["suffix"] and calls["eagle"]
+
+
+def counted(propose: Callable[..., Draft], calls: dict[str, int], name: str, least: int
+            ) -> Callable[..., Draft]:
+    """``propose`` counting in ``calls[name]`` the drafts of at least ``least`` tokens."""
+
+    def wrapped(*args: Any, **kwargs: Any) -> Draft:
+        draft = propose(*args, **kwargs)
+        calls[name] += len(draft) >= least
+        return draft
+
+    return wrapped

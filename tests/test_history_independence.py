@@ -231,12 +231,16 @@ def stressed(light_engine: ChatEngine) -> ChatEngine:
 def test_random_requests_to_one_engine_answer_as_a_fresh_engine(
     stressed: ChatEngine, references: References
 ) -> None:
-    assert {"off", "ngram", "suffix", "draft", "hybrid", "eagle"} <= set(stressed.methods)
+    assert {"off", "ngram", "suffix", "draft", "hybrid", "eagle", "hybrid-eagle"} <= set(
+        stressed.methods)
     asker = Asker(stressed, references, seed=26)
+    checked = 0
     for number in range(16):
         asker.ask(number)
-    assert set(asker.kinds) == {"new", "again", "follow", "edit"}
-    assert_cache_as_fresh(stressed.runner)
+        if stressed.runner.ids:  # a request stopped while a prompt was read may leave none
+            assert_cache_as_fresh(stressed.runner)
+            checked += 1
+    assert set(asker.kinds) == {"new", "again", "follow", "edit"} and checked >= 8
     draft = stressed.drafters["draft"]
     assert_cache_as_fresh(draft.runner)  # type: ignore[attr-defined]
 
@@ -270,7 +274,7 @@ def test_concurrent_clients_of_one_worker_get_a_fresh_engines_answers(
     failures: list[str] = []
     with start_worker(args, tmp_path) as worker:
         worker.wait_ready()
-        methods = ["off", "ngram", "suffix", "draft", "hybrid", "eagle"]
+        methods = ["off", "ngram", "suffix", "draft", "hybrid", "eagle", "hybrid-eagle"]
         http = Http(worker.port)
 
         def client(seed: int) -> None:

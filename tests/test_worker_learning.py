@@ -55,7 +55,7 @@ def test_learning_installs_a_head_and_the_worker_then_drafts_with_it(
 ) -> None:
     data = tmp_path / "data"
     engine = ChatEngine.load(str(tiny_folder), data_dir=data)
-    assert "eagle" not in engine.methods
+    assert "eagle" not in engine.methods and "hybrid-eagle" not in engine.methods
 
     async def scenario() -> None:
         auth = Auth("u-token", "a-token")
@@ -79,10 +79,12 @@ def test_learning_installs_a_head_and_the_worker_then_drafts_with_it(
             done = await (await client.get(URL, headers=USER_TOKEN)).json()
             assert done["state"] == "installed", done
             assert done["conversations"] == 12 and done["held_out_acceptance"] is not None
-            assert "eagle" in worker.settings.methods  # "installed" means in use
-            answer = await client.post("/v1/chat/completions", headers=USER_TOKEN, json={
-                "messages": USER, "max_tokens": 4, "speculation": {"method": "eagle"}})
-            assert answer.status == 200, await answer.text()
+            # "installed" means in use, alone and after the lookup
+            assert {"eagle", "hybrid-eagle"} <= set(worker.settings.methods)
+            for method in ("eagle", "hybrid-eagle"):
+                answer = await client.post("/v1/chat/completions", headers=USER_TOKEN, json={
+                    "messages": USER, "max_tokens": 4, "speculation": {"method": method}})
+                assert answer.status == 200, await answer.text()
 
     asyncio.run(scenario())
     head = find_head(tiny_folder.name, data)

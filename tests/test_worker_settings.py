@@ -66,7 +66,8 @@ def test_update_applies_a_subset_and_reports_it() -> None:
 @pytest.mark.parametrize(
     ("body", "says"),
     [
-        ({"method": "magic"}, "must be one of auto, draft, ngram, suffix, hybrid, eagle, off"),
+        ({"method": "magic"},
+         "must be one of auto, draft, ngram, suffix, hybrid, eagle, hybrid-eagle, off"),
         ({"method": "eagle"}, "not loaded; available: off, ngram, suffix, draft"),
         ({"num_draft_tokens": 0}, "integer from 1 to 16 or 'adaptive'"),
         ({"num_draft_tokens": 17}, "integer from 1 to 16"),

@@ -52,7 +52,7 @@ from app.engines import EngineInfo
 from app.passphrase import MIN_LENGTH
 from app.theme import pad_spin_box
 
-METHOD_CHOICES = ("auto", "draft", "ngram", "suffix", "hybrid", "eagle")
+METHOD_CHOICES = ("auto", "draft", "ngram", "suffix", "hybrid", "eagle", "hybrid-eagle")
 RIGHT = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
 AUTO_POLL_S = 2.0
 KIND_NAMES = {"code": "Code", "editing": "Code editing", "summary": "Summaries",

@@ -555,7 +555,8 @@ class Choice:
                 "predictions": [p.to_json() for p in self.predictions]}
 
 
-NAMES = {"draft": "draft model", "eagle": "EAGLE head", "hybrid": "hybrid"}
+NAMES = {"draft": "draft model", "eagle": "EAGLE head", "hybrid": "hybrid",
+         "hybrid-eagle": "lookup, else EAGLE head"}
 
 
 def choose(predictions: Sequence[Prediction], kind: str | None = None,

@@ -291,6 +291,7 @@ class ChatEngine:
         eagle = eagle_for(target, None if head is None else Path(head), data_dir)
         if eagle is not None:
             self.drafters["eagle"] = eagle
+            self.drafters["hybrid-eagle"] = HybridDrafter(self.drafters, model="eagle")
         self.policies: dict[str, DraftPolicy] = {}
         self.slots: list[Slot] = [Slot(self.runner, self.drafters, self.policies)]
         self.calibration: Calibration | None = None
@@ -327,11 +328,19 @@ class ChatEngine:
         eagle = eagle_for(self.target, data_dir=self.data_dir)
         if eagle is not None:
             self.drafters["eagle"] = eagle
+            # the hybrid finds the head by name in its table, so it drafts with the new one
+            hybrid = self.drafters.setdefault("hybrid-eagle",
+                                              HybridDrafter(self.drafters, model="eagle"))
             for slot in self.slots:
                 if slot.drafters is not self.drafters:
                     slot.drafters["eagle"] = _emptied(eagle, self.drafters, slot.drafters)
-                slot.policies.pop("eagle", None)  # its measured acceptance was the old head's
-            self.observations.forget("eagle")
+                    slot.drafters.setdefault("hybrid-eagle",
+                                             _emptied(hybrid, self.drafters, slot.drafters))
+                for method in ("eagle", "hybrid-eagle"):
+                    # their measured acceptance was the old head's
+                    slot.policies.pop(method, None)
+            for method in ("eagle", "hybrid-eagle"):
+                self.observations.forget(method)
 
     def slot_bytes(self) -> int:
         """Memory one more slot's target cache takes at :data:`SLOT_POSITIONS` positions."""

@@ -633,7 +633,7 @@ def row_specs(engine: ChatEngine, k: int, max_tokens: int,
     specs: list[RowSpec] = [("plain (ours)", ours("off", k))]
     specs += [(f"plain [{name}]", plain_under(name)) for name in variants]
     specs.append(("auto (the default)", ours(AUTO, ADAPTIVE)))
-    for method in ("draft", "ngram", "suffix", "hybrid", "eagle"):
+    for method in ("draft", "ngram", "suffix", "hybrid", "eagle", "hybrid-eagle"):
         if method in engine.methods:
             specs += [(f"{method} k={k}", ours(method, k)),
                       (f"{method} adaptive", ours(method, ADAPTIVE))]
@@ -649,11 +649,12 @@ TREE_BRANCHES = 2  # alternatives a tree row's drafter adds beside its chain
 
 
 def head_specs(other: Any, k: int, max_tokens: int) -> list[RowSpec]:
-    """``eagle`` rows drafting with another head (``--head FILE``), side by side with the
-    engine's own: for each run it stands in for the engine's ``eagle`` drafter, from a
-    fresh cache, under the row's own adaptive state."""
+    """``eagle`` and ``hybrid-eagle`` rows drafting with another head (``--head FILE``),
+    side by side with the engine's own: for each run it stands in for the engine's
+    ``eagle`` drafter (which the hybrid finds by name), from a fresh cache, under the
+    row's own adaptive state."""
 
-    def swapped(length: DraftLength, branches: int = 0
+    def swapped(length: DraftLength, branches: int = 0, method: str = "eagle"
                 ) -> Callable[[ChatEngine, list[int], str], Run]:
         def run(e: ChatEngine, ids: list[int], kind: str) -> Run:
             before = e.drafters["eagle"]
@@ -661,7 +662,7 @@ def head_specs(other: Any, k: int, max_tokens: int) -> list[RowSpec]:
             other.reset()
             try:
                 with branching(other, branches):
-                    return run_ours(e, ids, kind, "eagle", length, max_tokens)
+                    return run_ours(e, ids, kind, method, length, max_tokens)
             finally:
                 e.drafters["eagle"] = before
 
@@ -670,7 +671,8 @@ def head_specs(other: Any, k: int, max_tokens: int) -> list[RowSpec]:
     name = other.info.get("file", "other head")
     return [(f"eagle k={k} [{name}]", swapped(k)),
             (f"eagle adaptive [{name}]", swapped(ADAPTIVE)),
-            (f"eagle tree k={k} [{name}]", swapped(k, TREE_BRANCHES))]
+            (f"eagle tree k={k} [{name}]", swapped(k, TREE_BRANCHES)),
+            (f"hybrid-eagle adaptive [{name}]", swapped(ADAPTIVE, method="hybrid-eagle"))]
 
 
 @contextmanager
