@@ -373,3 +373,17 @@ def test_the_frequency_tool_ranks_by_share_per_source_then_by_the_id_prior() -> 
     confident = torch.tensor([[True, False], [True, True], [True, True]])
     right = torch.ones(3, 2, dtype=torch.bool)
     assert chains(hit, confident, right, k=3) == (3.0, 4.0)  # accepted 2 + 1, drafted 3 + 1
+
+
+def test_answer_spans_split_a_chat_where_its_last_answer_begins() -> None:
+    from engine.heads.answers import prompt_ids
+    from engine.heads.train import chat_ids
+    from engine.heads.vocab import answer_spans
+    from tests.tiny import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    chat = [{"role": "user", "content": "hello there"},
+            {"role": "assistant", "content": "general kenobi"}]
+    ids, start = answer_spans(tokenizer, chat)
+    assert ids == chat_ids(tokenizer, chat) and ids[:start] == prompt_ids(tokenizer, chat[:1])
+    assert tokenizer.decode(ids[start:]).startswith("general kenobi")

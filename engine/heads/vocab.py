@@ -144,11 +144,10 @@ def count_text(tokenizer: Any, texts: Iterator[str], vocab_size: int) -> np.ndar
 
 def answer_spans(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[list[int], int]:
     """A chat-templated conversation's ids and where its last assistant answer begins."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False)
-    head = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    start = len(tokenizer.encode(head, add_special_tokens=False))
-    return list(ids), start
+    from engine.heads.answers import prompt_ids
+    from engine.heads.train import chat_ids
+
+    return chat_ids(tokenizer, messages), len(prompt_ids(tokenizer, messages[:-1]))
 
 
 @torch.inference_mode()
@@ -312,9 +311,7 @@ def kinds_file(tokenizer: Any, path: Path, first: int, kind: str, out: Path) -> 
     chats = read_chats([path.with_name(path.name + ".jsonl")])[first:]
     rows = []
     for r, messages in zip(records, chats, strict=False):
-        text = tokenizer.apply_chat_template(messages[:-1], tokenize=False,
-                                             add_generation_prompt=True)
-        prompt = tokenizer.encode(text, add_special_tokens=False)
+        prompt = answers.prompt_ids(tokenizer, messages[:-1])
         if r.ids[: len(prompt)].tolist() != prompt:
             raise SystemExit(f"{path}: a record does not start with its conversation's prompt")
         rows.append({"kind": kind, "prompt_ids": prompt,
