@@ -27,6 +27,7 @@ from engine.spec.calibration import (
     predict,
     shipped_observations,
 )
+from engine.spec.drafters import Draft, Drafter
 from engine.spec.drafters.ngram import NgramDrafter
 from engine.spec.drafters.suffix import SuffixDrafter
 from engine.spec.runner import ModelRunner
@@ -229,6 +230,60 @@ def test_a_slow_context_read_leaves_the_budget_to_the_measuring(
     cal, _ = measured(measure(tiny_model("llama", vocab_size=64, seed=1), {}, "key",
                               budget_s=1.0, clock=clock, max_rounds=1))
     assert sorted(cal.ratios) == list(range(2, MAX_K + 1))  # a whole round fitted
+
+
+class SpellClock:
+    """A clock that only the measured work moves: a forward over ``k`` rows costs
+    ``1 + 0.1 (k - 1)`` units and a draft step ``0.25``, times the machine's speed, which
+    drops threefold from the ``slow_from``-th piece of work on (a slow spell)."""
+
+    def __init__(self, slow_from: int) -> None:
+        self.now, self.done, self.slow_from = 0.0, 0, slow_from
+
+    def __call__(self) -> float:
+        return self.now
+
+    def work(self, units: float) -> None:
+        self.done += 1
+        self.now += units * (3.0 if self.done >= self.slow_from else 1.0)
+
+
+class Stepping(Drafter):
+    """Drafts one token a call, each costing a quarter of a one-row forward."""
+
+    name = "stepping"
+
+    def __init__(self, clock: SpellClock) -> None:
+        self.clock = clock
+
+    def propose(self, context, k, params, generator) -> Draft:  # type: ignore[no-untyped-def]
+        self.clock.work(0.25)
+        return Draft((1,))
+
+
+@pytest.mark.parametrize("slow_from", [3, 13, 25, 41, 1000])  # a pair's t(1) slowed first
+def test_a_slow_spell_while_measuring_leaves_the_ratios_and_steps_right(
+    monkeypatch: pytest.MonkeyPatch, slow_from: int,
+) -> None:
+    """Each cost is measured against a t(1) taken just before it, so a spell that slows
+    the machine halfway through does not show as a dearer t(k) or draft step. (A spell
+    that begins between a pair's two forwards still misleads that pair; with time for
+    more rounds, the other rounds' pairs outvote it.)"""
+    clock = SpellClock(slow_from)
+    forward = ModelRunner.forward
+
+    def timed(runner: ModelRunner, ids: list[int], rows: int = 1) -> object:
+        clock.work(1 + 0.1 * (rows - 1))
+        return forward(runner, ids, rows=rows)
+
+    monkeypatch.setattr(ModelRunner, "forward", timed)
+    cal, _ = measured(measure(tiny_model("llama", vocab_size=64, seed=1),
+                              {"stepping": Stepping(clock)}, "key", budget_s=1e9, clock=clock,
+                              max_rounds=1))
+    assert sorted(cal.ratios) == list(range(2, MAX_K + 1))
+    for k, ratio in cal.ratios.items():
+        assert ratio == pytest.approx(1 + 0.1 * (k - 1)), k
+    assert cal.step["stepping"] == pytest.approx(0.25)
 
 
 def test_the_cache_keeps_entries_by_machine_and_models(tmp_path: Path) -> None:

@@ -13,9 +13,12 @@ Contract:
 * :func:`measure` is a generator: each ``next()`` runs one short slice (one forward of
   the target or one drafter call), so the worker's engine thread can give way to an
   answer between slices; it returns the :class:`Calibration` after about ``budget_s``
-  seconds of measuring, reading its context aside (sizes are measured spread out, 1, 2,
-  4, 8, 16, 3, ...; the first five always, those the budget left out are interpolated
-  by :meth:`Calibration.ratio_at`).
+  seconds of measuring, reading its context aside (sizes are measured spread out, 2, 4,
+  8, 16, 3, ...; the first four always, those the budget left out are interpolated
+  by :meth:`Calibration.ratio_at`). Each t(k), draft step and prompt reading is measured
+  against a t(1) taken just before it, and ``t1`` is the median of all of those: on a
+  shared machine whose speed moves within seconds, a slow spell then slows both sides of
+  a ratio.
 * :class:`Observations` holds the acceptance each method showed per kind of prompt
   (:func:`classify`: ``code``, ``editing``, ``summary``, ``chat``; a simple rule on the
   last question's text, since nothing upstream labels prompts) and the prompt and answer
@@ -245,25 +248,40 @@ def measure(target: Any, drafters: Mapping[str, Drafter], key: str, budget_s: fl
     context = [(100 + i % 24) % vocab for i in range(CONTEXT)]  # repeats: lookups find drafts
     runner.sync(context)
     yield
-    times: dict[int, list[float]] = {k: [] for k in ORDER}
-    runner.forward([300 % vocab], rows=1)  # warm-up
-    runner.truncate(len(context))
+    def forward(k: int) -> float:
+        """Seconds of one target forward over ``k`` new tokens after the context."""
+        began = clock()
+        runner.forward([(300 + i) % vocab for i in range(k)], rows=k)
+        elapsed = clock() - began
+        runner.truncate(len(context))
+        return elapsed
+
+    forward(1)  # warm-up
     yield
+    # every measured cost is paired with a t(1) taken just before it: a shared machine's
+    # speed moves within seconds, and the ratio of two neighbours follows it where a ratio
+    # to a t(1) of another moment does not
+    ones: list[float] = []
+    pairs: dict[int, list[float]] = {k: [] for k in ORDER if k > 1}  # t(k) / t(1) samples
+
+    def one() -> float:
+        ones.append(forward(1))
+        return ones[-1]
+
     start = clock()  # the budget is for measuring: reading the context may take seconds
     for _ in range(max_rounds):
-        for k in ORDER:
-            began = clock()
-            runner.forward([(300 + i) % vocab for i in range(k)], rows=k)
-            times[k].append(clock() - began)
-            runner.truncate(len(context))
+        for k in ORDER[1:]:
+            before = one()
             yield
-            if clock() - start > budget_s * 0.75 and all(times[k] for k in ORDER[:SPAN]):
+            pairs[k].append(forward(k) / before)
+            yield
+            if clock() - start > budget_s * 0.75 and all(pairs[k] for k in ORDER[1:SPAN]):
                 break  # out of time: sizes not measured are interpolated
         else:
             continue
         break
-    t1 = _median(times[1])
-    ratios = {k: _median(t) / t1 for k, t in times.items() if k > 1 and t}
+    t1 = _median(ones)
+    ratios = {k: _median(r) for k, r in pairs.items() if r}
     step: dict[str, float] = {}
     read: dict[str, float] = {}
     params, generator = SamplingParams(), torch.Generator().manual_seed(0)
@@ -279,17 +297,19 @@ def measure(target: Any, drafters: Mapping[str, Drafter], key: str, budget_s: fl
             if drafter.wants_hidden:
                 drafter.observe_hidden(features[drafter.feature_layers])
             if drafter.reads_prompt:
+                before = one()
                 began = clock()
                 drafter.prefill(context)
-                read[name] = (clock() - began) / (len(context) - 1) / t1
+                read[name] = (clock() - began) / (len(context) - 1) / before
                 yield
             per_step = []
             for _ in range(3):
+                before = one()
                 began = clock()
                 draft = drafter.propose(context, 4, params, generator)
-                per_step.append((clock() - began) / max(1, draft.depth))
+                per_step.append((clock() - began) / max(1, draft.depth) / before)
                 yield
-            step[name] = _median(per_step) / t1
+            step[name] = _median(per_step)
         except Exception:  # one drafter failing leaves the others' figures
             log.exception("measuring the %s drafter failed", name)
         with contextlib.suppress(Exception):
