@@ -11,6 +11,7 @@ from engine.spec.calibration import (
     KINDS,
     MAX_K,
     OBSERVED_TOKENS,
+    ORDER,
     PRIOR_ANSWERS,
     PRIOR_FORMAT,
     PRIOR_SUFFIX,
@@ -284,6 +285,26 @@ def test_a_slow_spell_while_measuring_leaves_the_ratios_and_steps_right(
     for k, ratio in cal.ratios.items():
         assert ratio == pytest.approx(1 + 0.1 * (k - 1)), k
     assert cal.step["stepping"] == pytest.approx(0.25)
+
+
+def test_a_round_measures_short_drafts_sizes_three_times_each_after_a_t1(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rows_run: list[int] = []
+    forward = ModelRunner.forward
+
+    def counted(runner: ModelRunner, ids: list[int], rows: int = 1) -> object:
+        rows_run.append(rows)
+        return forward(runner, ids, rows=rows)
+
+    monkeypatch.setattr(ModelRunner, "forward", counted)
+    measured(measure(tiny_model("llama", vocab_size=64, seed=1), {}, "key", budget_s=1e9,
+                     clock=TickClock(), max_rounds=1))
+    measuring = rows_run[-2 * len(ORDER) :]  # the round's t(1), t(k) pairs
+    assert measuring[0::2] == [1] * (len(measuring) // 2)
+    sizes = measuring[1::2]
+    assert {k: sizes.count(k) for k in (2, 3, 4, 5)} == {2: 3, 3: 3, 4: 3, 5: 3}
+    assert sorted(set(sizes)) == list(range(2, MAX_K + 1))
 
 
 def test_the_cache_keeps_entries_by_machine_and_models(tmp_path: Path) -> None:
