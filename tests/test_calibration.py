@@ -23,6 +23,7 @@ from engine.spec.calibration import (
     choose,
     classify,
     measure,
+    non_decreasing,
     parts_step,
     pass_speedup,
     predict,
@@ -305,6 +306,16 @@ def test_a_round_measures_short_drafts_sizes_three_times_each_after_a_t1(
     sizes = measuring[1::2]
     assert {k: sizes.count(k) for k in (2, 3, 4, 5)} == {2: 3, 3: 3, 4: 3, 5: 3}
     assert sorted(set(sizes)) == list(range(2, MAX_K + 1))
+
+
+def test_ratios_are_fitted_non_decreasing_by_pooling_the_sizes_out_of_order() -> None:
+    assert non_decreasing({2: 0.9, 3: 1.1, 4: 1.3}) == {2: 0.9, 3: 1.1, 4: 1.3}
+    fitted = non_decreasing({2: 0.9, 4: 1.3, 5: 2.2, 6: 1.0, 8: 2.0})
+    assert fitted == pytest.approx({2: 0.9, 4: 1.3, 5: 1.6, 6: 1.6, 8: 2.0})
+    # a run of violators pools into one mean, and t(2) may stay below t(1)
+    assert non_decreasing({2: 0.7, 3: 1.5, 4: 1.2, 5: 0.9}) == pytest.approx(
+        {2: 0.7, 3: 1.2, 4: 1.2, 5: 1.2})
+    assert non_decreasing({}) == {}
 
 
 def test_the_cache_keeps_entries_by_machine_and_models(tmp_path: Path) -> None:

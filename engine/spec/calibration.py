@@ -18,7 +18,8 @@ Contract:
   always, those the budget left out are interpolated by :meth:`Calibration.ratio_at`).
   Each t(k), draft step and prompt reading is measured against a t(1) taken just before
   it, and ``t1`` is the median of all of those: on a shared machine whose speed moves
-  within seconds, a slow spell then slows both sides of a ratio.
+  within seconds, a slow spell then slows both sides of a ratio. The ratios are then
+  fitted non-decreasing in k (:func:`non_decreasing`).
 * :class:`Observations` holds the acceptance each method showed per kind of prompt
   (:func:`classify`: ``code``, ``editing``, ``summary``, ``chat``; a simple rule on the
   last question's text, since nothing upstream labels prompts) and the prompt and answer
@@ -234,6 +235,21 @@ def _median(values: Sequence[float]) -> float:
     return ordered[len(ordered) // 2]
 
 
+def non_decreasing(ratios: Mapping[int, float]) -> dict[int, float]:
+    """``ratios`` (k -> t(k)/t(1)) fitted to the closest non-decreasing sequence in k
+    (least squares, pool-adjacent-violators): more rows never cost less, so a size that
+    measured dearer than a larger one was measured in a busy moment, and the pair is
+    replaced by its mean. t(1) itself is not pooled, so t(2) may stay below it."""
+    blocks: list[tuple[float, int]] = []  # (mean, sizes pooled), in increasing k
+    for k in sorted(ratios):
+        blocks.append((ratios[k], 1))
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (a, m), (b, n) = blocks[-2], blocks[-1]
+            blocks[-2:] = [((a * m + b * n) / (m + n), m + n)]
+    fitted = [mean for mean, n in blocks for _ in range(n)]
+    return dict(zip(sorted(ratios), fitted, strict=True))
+
+
 def measure(target: Any, drafters: Mapping[str, Drafter], key: str, budget_s: float = 4.0,
             clock: Callable[[], float] = time.perf_counter, max_rounds: int = 5,
             ) -> Generator[None, None, Calibration]:
@@ -284,7 +300,7 @@ def measure(target: Any, drafters: Mapping[str, Drafter], key: str, budget_s: fl
             continue
         break
     t1 = _median(ones)
-    ratios = {k: _median(r) for k, r in pairs.items() if r}
+    ratios = non_decreasing({k: _median(r) for k, r in pairs.items() if r})
     step: dict[str, float] = {}
     read: dict[str, float] = {}
     params, generator = SamplingParams(), torch.Generator().manual_seed(0)
