@@ -334,8 +334,9 @@ class ChatEngine:
             for slot in self.slots:
                 if slot.drafters is not self.drafters:
                     slot.drafters["eagle"] = _emptied(eagle, self.drafters, slot.drafters)
-                    slot.drafters.setdefault("hybrid-eagle",
-                                             _emptied(hybrid, self.drafters, slot.drafters))
+                    if "hybrid-eagle" not in slot.drafters:
+                        slot.drafters["hybrid-eagle"] = _emptied(hybrid, self.drafters,
+                                                                 slot.drafters)
                 for method in ("eagle", "hybrid-eagle"):
                     # their measured acceptance was the old head's
                     slot.policies.pop(method, None)
