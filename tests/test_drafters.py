@@ -111,6 +111,25 @@ def test_hybrid_takes_the_lookup_when_it_matches_else_the_draft_model() -> None:
         HybridDrafter(table, min_lookup=0)
 
 
+def test_a_hybrid_routes_a_pass_to_one_part_for_every_shorter_draft() -> None:
+    model = Recording((40, 41, 42))
+    table = {"suffix": SuffixDrafter([[5, 6, 7, 8, 9]]), "draft": model}
+    hybrid = HybridDrafter(table, min_lookup=2)
+    for k in (1, 2, 3):  # the lookup finds three tokens: each shorter draft is a prefix
+        assert hybrid.part_for([1, 5, 6], 8) == "suffix"
+        assert hybrid.propose([1, 5, 6], k, GREEDY, GEN).tokens == (7, 8, 9)[:k]
+    assert model.calls == 0
+    # one token found: the model part drafts the pass, even a one-token draft, which
+    # unrouted would have been the lookup's
+    assert hybrid.part_for([1, 7, 8], 8) == "draft"
+    assert hybrid.propose([1, 7, 8], 1, GREEDY, GEN).tokens == (40,) and model.calls == 1
+    assert hybrid.propose([1, 7, 8], 1, GREEDY, GEN).tokens == (9,)  # the route was used up
+    assert hybrid.part_for([1, 7, 8], 1) == "suffix"  # a pass of one: one token suffices
+    hybrid.part_for([1, 7, 8], 8)  # a route holds for its own context only
+    assert hybrid.propose([1, 5, 6], 3, GREEDY, GEN).tokens == (7, 8, 9) and model.calls == 1
+    assert Recording(()).part_for([1, 2], 4) is None  # a drafter of one part
+
+
 class Seeing(Recording):
     """A model part that wants the target's features (as an EAGLE head does)."""
 

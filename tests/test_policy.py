@@ -7,11 +7,14 @@ import pytest
 
 from engine.spec.decoding import decode
 from engine.spec.drafters import Draft, Drafter
+from engine.spec.drafters.hybrid import HybridDrafter
 from engine.spec.drafters.ngram import NgramDrafter
+from engine.spec.drafters.suffix import SuffixDrafter
 from engine.spec.policy import (
     PROBE_SHARE,
     SHARED_SLACK,
     DraftPolicy,
+    PartPolicies,
     choose_gamma,
     expected_tokens,
 )
@@ -312,3 +315,49 @@ def test_under_load_the_first_draft_and_probes_wait_for_a_pass_where_they_could_
     assert policy.next_gamma(room=100) == 0 and policy.yielded and policy.probe
     policy.others = 0
     assert policy.next_gamma(room=100) > 0 and policy.probing  # the probe runs once quiet
+
+
+def test_each_part_keeps_its_own_acceptance_and_the_machine_costs_are_shared() -> None:
+    lookup, head, shared = calibrated(0.0), calibrated(0.1), calibrated(0.05)
+    parts = PartPolicies({"suffix": lookup, "eagle": head})
+    assert parts.select("suffix") is lookup and parts.select("eagle") is head
+    assert parts.select(None) is head and parts.select("other") is head  # the dearest
+    for _ in range(30):  # the lookup quotes the prompt, the head guesses one of its drafts
+        for name, hits, step in (("suffix", None, 0.0), ("eagle", 1, 0.1)):
+            for policy in (parts.select(name), shared):
+                gamma = policy.next_gamma(room=10_000)
+                accepted = gamma if hits is None else min(hits, gamma)
+                policy.update(gamma, accepted, gamma * step, ratio(gamma + 1))
+    assert lookup.alpha > 0.9 > head.alpha
+    assert parts.select("suffix").next_gamma(10_000) >= shared.next_gamma(10_000) + 2
+    assert parts.select("eagle").next_gamma(10_000) <= 2
+    assert lookup.ratio is head.ratio and parts.ratio is lookup.ratio  # one t(k) table
+    parts.select("suffix").update(0, 0, 0.0, 3.0)  # a slow plain pass in the lookup's turn
+    assert parts.select("eagle").t1 == lookup.t1 > 1.0 and parts.t1 == lookup.t1
+    assert parts.draft_cost == head.draft_cost and parts.max_gamma == 15
+    with pytest.raises(ValueError, match="at least one"):
+        PartPolicies({})
+
+
+def test_a_lookup_keeps_drafting_after_the_model_part_is_switched_off(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock()
+    monkeypatch.setattr("engine.spec.decoding.time", clock)
+    target = tiny_model("llama", vocab_size=64, seed=1, scale=4.0)
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]
+    table: dict[str, Drafter] = {"suffix": SuffixDrafter(), "draft": SlowWrongDrafter(clock)}
+    hybrid = HybridDrafter(table)
+
+    def run(drafter, policy):  # type: ignore[no-untyped-def]
+        steps = list(decode(ModelRunner(target), prompt, params=SamplingParams(),
+                            max_new_tokens=60, max_context=256, drafter=drafter, policy=policy))
+        return [t for s in steps for t in s.tokens], steps
+
+    plain, _ = run(None, None)
+    parts = PartPolicies({"suffix": DraftPolicy(max_gamma=8), "draft": DraftPolicy(max_gamma=8)})
+    tokens, steps = run(hybrid, parts)
+    assert tokens == plain
+    assert parts.parts["draft"].off_passes > 0  # the wrong model was switched off ...
+    assert parts.parts["suffix"].accepted > 1  # ... while the lookup's drafts were kept
+    assert sum(s.accepted for s in steps[-20:]) > 0  # and it went on drafting

@@ -31,7 +31,7 @@ from engine.protocol import SpeculationStats
 from engine.spec.acceptance import greedy_accept, speculative_accept, tree_accept
 from engine.spec.batch import sharing, sharing_rows
 from engine.spec.drafters import EMPTY_DRAFT, Draft, Drafter
-from engine.spec.policy import DraftPolicy
+from engine.spec.policy import Policy
 from engine.spec.runner import ModelRunner
 from engine.spec.sampling import SamplingParams, position_uniform, probabilities, quantile_token
 
@@ -150,7 +150,7 @@ def decode(
     stop_ids: Collection[int] = (),
     drafter: Drafter | None = None,
     num_draft_tokens: int = 4,
-    policy: DraftPolicy | None = None,
+    policy: Policy | None = None,
     cancel: threading.Event | None = None,
     first_token_first: bool = False,
     generator: torch.Generator | None = None,
@@ -190,12 +190,15 @@ def decode(
             prefill_drafter(drafter, target, context)
             ready, prefill_s = True, time.perf_counter() - start
         t0 = time.perf_counter()
-        k, auto_off = 0, False
+        k, auto_off, active = 0, False, None
         if drafter is not None and ready:
             if policy is not None:
-                policy.others, policy.others_rows = sharing(), sharing_rows()
-            k = policy.next_gamma(room) if policy else min(num_draft_tokens, room - 1)
-            auto_off = policy is not None and policy.last_off
+                # the part that drafts this pass, if the drafter has parts, and its policy
+                active = policy.select(drafter.part_for(context, min(policy.max_gamma,
+                                                                     room - 1)))
+                active.others, active.others_rows = sharing(), sharing_rows()
+            k = active.next_gamma(room) if active else min(num_draft_tokens, room - 1)
+            auto_off = active is not None and active.last_off
         draft = EMPTY_DRAFT
         if drafter is not None and k > 0:
             if wants_hidden:
@@ -218,8 +221,8 @@ def decode(
         t2 = time.perf_counter()
         if drafter is not None and len(draft):
             drafter.observe(context, len(draft), n)
-        if policy is not None and ready:  # a tree's depth is what its acceptance is measured on
-            policy.update(draft.depth, n, t1 - t0, t2 - t1, draft.catch_up)
+        if active is not None:  # a tree's depth is what its acceptance is measured on
+            active.update(draft.depth, n, t1 - t0, t2 - t1, draft.catch_up)
         tokens, flags = [*kept, nxt], [True] * n + [False]
         finish = None
         for i, token in enumerate(tokens):

@@ -45,6 +45,15 @@ produced is measured, and the next cool-down lasts at least that excess divided 
 never pays cost at most ``PROBE_SHARE`` of plain decoding's time over a long answer; a
 model drafter whose reading of the skipped text alone costs more is not probed again
 until the next answer.
+
+A drafter made of parts (the hybrid: a lookup where it finds one, else a model) gets a
+:class:`PartPolicies`: one :class:`DraftPolicy` per part, so each part has its own
+acceptance, step cost, draft length and switch-off (a lookup that quotes the prompt is
+accepted far more often than a model's guesses and costs next to nothing, so its drafts
+may be much longer), while ``t(1)`` and ``t(k) / t(1)``, which belong to the machine, are
+shared. The loop asks the drafter which part drafts the coming pass
+(``Drafter.part_for``), then that part's policy for the length
+(:meth:`PartPolicies.select`; a plain :class:`DraftPolicy` selects itself).
 """
 
 import math
@@ -191,6 +200,11 @@ class DraftPolicy:
         policy.t1, policy.ratio, policy.draft_cost = t1, dict(ratios), draft_cost
         return policy
 
+    def select(self, part: str | None) -> "DraftPolicy":
+        """The policy for a pass drafted by ``part``: itself (one drafter, one policy)."""
+        del part
+        return self
+
     def new_answer(self) -> None:
         """Keep the measured costs and ``CARRY`` of the acceptance evidence."""
         self.accepted *= CARRY
@@ -328,3 +342,63 @@ class DraftPolicy:
         if accepted == drafted:
             self.next_cooldown = MIN_COOLDOWN
             self.min_cooldown = 0
+
+
+class PartPolicies:
+    """One :class:`DraftPolicy` per part of a drafter made of parts, in the order the
+    drafter tries them (the last is the dearest: the model behind a lookup).
+
+    The parts share the machine's costs: one ``ratio`` (``t(k) / t(1)``) table with its
+    unscaled measurements, and ``t(1)``, which the part selected for a pass takes from
+    the part that ran the pass before. Everything else (acceptance, step cost, asked and
+    drafted lengths, cool-down) is each part's own.
+    """
+
+    def __init__(self, parts: Mapping[str, DraftPolicy]) -> None:
+        if not parts:
+            raise ValueError("a drafter made of parts needs a policy for at least one")
+        self.parts = dict(parts)
+        first = next(iter(self.parts.values()))
+        for policy in self.parts.values():
+            policy.ratio, policy.unscaled = first.ratio, first.unscaled
+            policy.t1 = first.t1
+        self.active = first
+
+    def select(self, part: str | None) -> DraftPolicy:
+        """The policy of ``part`` (the dearest part's for an unknown one), given the
+        latest ``t(1)``."""
+        policy = self.parts.get(part or "") or self.dearest
+        if policy is not self.active:
+            if self.active.t1 is not None:
+                policy.t1 = self.active.t1
+            self.active = policy
+        return policy
+
+    def new_answer(self) -> None:
+        for policy in self.parts.values():
+            policy.new_answer()
+
+    @property
+    def max_gamma(self) -> int:
+        return max(policy.max_gamma for policy in self.parts.values())
+
+    @property
+    def dearest(self) -> DraftPolicy:
+        return list(self.parts.values())[-1]
+
+    @property
+    def t1(self) -> float | None:
+        """The latest ``t(1)`` measured by any part."""
+        return self.active.t1
+
+    @property
+    def ratio(self) -> dict[int, float]:
+        return self.active.ratio
+
+    @property
+    def draft_cost(self) -> float | None:
+        """The dearest part's step: what a pass may cost."""
+        return self.dearest.draft_cost
+
+
+Policy = DraftPolicy | PartPolicies  # what the decoding loop takes

@@ -101,7 +101,7 @@ from engine.spec.drafters.eagle import eagle_for
 from engine.spec.drafters.hybrid import HybridDrafter
 from engine.spec.drafters.ngram import NgramDrafter
 from engine.spec.drafters.suffix import SuffixDrafter
-from engine.spec.policy import DraftPolicy
+from engine.spec.policy import DraftPolicy, PartPolicies, Policy
 from engine.spec.runner import PARKED, ModelRunner
 from engine.spec.sampling import SamplingParams
 
@@ -211,7 +211,7 @@ class Slot:
 
     runner: ModelRunner
     drafters: dict[str, Drafter]
-    policies: dict[str, "DraftPolicy"]
+    policies: dict[str, Policy]
 
 
 SHARED_DRAFTERS = ("suffix",)  # one office memory for every slot
@@ -292,7 +292,7 @@ class ChatEngine:
         if eagle is not None:
             self.drafters["eagle"] = eagle
             self.drafters["hybrid-eagle"] = HybridDrafter(self.drafters, model="eagle")
-        self.policies: dict[str, DraftPolicy] = {}
+        self.policies: dict[str, Policy] = {}
         self.slots: list[Slot] = [Slot(self.runner, self.drafters, self.policies)]
         self.calibration: Calibration | None = None
         # what the benchmark saw these models do, until this engine's answers show more
@@ -573,14 +573,20 @@ class ChatEngine:
         return self._run(list(prompt), params, max_tokens, list(stop), method, k, cancel,
                          tuple(answer_prefix), cache == COLD, kind, seat)
 
-    def _policy(self, method: str, policies: dict[str, DraftPolicy]) -> DraftPolicy:
+    def _new_policy(self, drafter: str) -> DraftPolicy:
+        return (DraftPolicy(max_gamma=self.max_adaptive) if self.calibration is None
+                else self.calibration.policy(drafter, self.max_adaptive))
+
+    def _policy(self, method: str, policies: dict[str, Policy]) -> Policy:
         """The method's adaptive policy in a slot's ``policies``: costs measured on earlier
         answers are kept; a new one starts from the calibration's figures when there is
-        one."""
+        one. A drafter made of parts gets one policy per part (:class:`PartPolicies`),
+        each starting from that part's calibrated step."""
         if method not in policies:
+            parts = self.drafters[method].parts
             policies[method] = (
-                DraftPolicy(max_gamma=self.max_adaptive) if self.calibration is None
-                else self.calibration.policy(method, self.max_adaptive))
+                PartPolicies({part: self._new_policy(part) for part in parts}) if parts
+                else self._new_policy(method))
         policy = policies[method]
         policy.new_answer()
         return policy
@@ -640,7 +646,7 @@ class ChatEngine:
         }
 
     def _learn(self, method: str, kind: str | None, steps: list[Step],
-               prompt_tokens: int, policy: DraftPolicy | None, timed: bool = True) -> None:
+               prompt_tokens: int, policy: Policy | None, timed: bool = True) -> None:
         """Fold one answer's figures into the observations and, if ``timed`` (it ran
         alone), its timings into the calibration."""
         if method != "off":

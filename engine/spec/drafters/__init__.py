@@ -23,7 +23,10 @@ decoding loop uses, each with a default, so the loop never probes for one:
 * ``reset()`` forgets whatever the drafter cached (default: nothing to forget).
 * ``parts`` (default none) names the engine's other drafters this one drafts with, one
   of them each pass (the hybrid: the lookup, else the draft model), so a pass may cost
-  what its dearest part costs.
+  what its dearest part costs. ``part_for(context, k)`` (default ``None``: one part)
+  says which of them drafts the coming pass if it may draft up to ``k`` tokens; a
+  following ``propose`` on the same context, for any ``k`` up to that, drafts with that
+  part, so the adaptive policy can choose the length with that part's own figures.
 * A drafter with a model of its own reports in ``Draft.catch_up`` how many context tokens
   it fed that model before its first draft step: 1 or 2 when it drafted the pass before,
   more after passes it sat out. The adaptive policy measures the cost of a draft step only
@@ -102,6 +105,12 @@ class Drafter:
         generator: torch.Generator,
     ) -> Draft:
         raise NotImplementedError(f"{type(self).__name__} does not propose")
+
+    def part_for(self, context: Sequence[int], k: int) -> str | None:
+        """The part (one of ``parts``) that drafts the coming pass after ``context``, if
+        it may draft up to ``k`` tokens; ``None`` for a drafter of one part."""
+        del context, k
+        return None
 
     def observe(self, context: Sequence[int], proposed: int, accepted: int) -> None:
         """How many of the last ``proposed`` tokens the target kept."""

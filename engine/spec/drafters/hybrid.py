@@ -9,7 +9,11 @@ from one drafter, so the acceptance rule keeps the target's distribution. The hy
 takes on what its model part needs from the loop: the target's features for a head
 (``wants_hidden``, ``feature_layers``, handed on by ``observe_hidden``) and the prompt
 reading for both. A model part that sat out passes (the lookup drafted) catches up with
-them at its next draft, as after plain passes.
+them at its next draft, as after plain passes. Before a pass the loop asks
+:meth:`HybridDrafter.part_for` which part drafts it (the lookup tried at the longest
+draft the pass allows), so that the adaptive policy chooses the length with that part's
+own acceptance and cost (:class:`engine.spec.policy.PartPolicies`): a lookup quoting the
+prompt drafts long, a model short.
 
 Why: a lookup costs next to nothing while a model's draft step costs a share of a target
 step (the calibration measures it); quoted text (summaries, edited code) is found by the
@@ -27,7 +31,13 @@ from engine.spec.drafters import Draft, Drafter
 from engine.spec.sampling import SamplingParams
 
 LOOKUP, MODEL, HEAD = "suffix", "draft", "eagle"
+GREEDY, _NO_DRAWS = SamplingParams(), torch.Generator()  # a lookup draws nothing
 NAMES = {MODEL: "hybrid", HEAD: "hybrid-eagle"}  # the method of each model part
+
+
+def _key(context: Sequence[int]) -> tuple[int, ...]:
+    """What tells one pass's context from another's: its length and last tokens."""
+    return (len(context), *context[-4:])
 
 
 class HybridDrafter(Drafter):
@@ -44,6 +54,7 @@ class HybridDrafter(Drafter):
         self.model = model
         self.name = NAMES[model]
         self.parts = (LOOKUP, model)
+        self._routed: tuple[tuple[int, ...], str] | None = None  # (context, part) of part_for
 
     @property
     def reads_prompt(self) -> bool:  # type: ignore[override]
@@ -63,12 +74,24 @@ class HybridDrafter(Drafter):
     def prefill(self, context: Sequence[int]) -> None:
         self.drafters[self.model].prefill(context)
 
+    def part_for(self, context: Sequence[int], k: int) -> str | None:
+        """The lookup when it finds at least ``min_lookup`` tokens (fewer only where ``k``
+        is smaller) among ``k``, else the model part; the next ``propose`` on this
+        context drafts with it (a lookup's shorter draft is a prefix of its longer one)."""
+        lookup = self.drafters[LOOKUP].propose(context, k, GREEDY, _NO_DRAWS)
+        part = LOOKUP if k > 0 and len(lookup) >= min(self.min_lookup, k) else self.model
+        self._routed = (_key(context), part)
+        return part
+
     def propose(
         self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator
     ) -> Draft:
-        lookup = self.drafters[LOOKUP].propose(context, k, params, generator)
-        if len(lookup) >= min(self.min_lookup, k):
-            return lookup
+        routed, self._routed = self._routed, None
+        part = routed[1] if routed is not None and routed[0] == _key(context) else None
+        if part != self.model:
+            lookup = self.drafters[LOOKUP].propose(context, k, params, generator)
+            if part == LOOKUP or len(lookup) >= min(self.min_lookup, k):
+                return lookup
         return self.drafters[self.model].propose(context, k, params, generator)
 
     def observe(self, context: Sequence[int], proposed: int, accepted: int) -> None:
