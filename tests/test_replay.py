@@ -8,7 +8,10 @@ from engine.models.loading import LoadedModel
 from engine.spec.decoding import decode
 from engine.spec.drafters.draft_model import DraftModelDrafter
 from engine.spec.drafters.eagle import EagleDrafter
+from engine.spec.drafters.hybrid import HybridDrafter
 from engine.spec.drafters.ngram import NgramDrafter
+from engine.spec.drafters.suffix import SuffixDrafter
+from engine.spec.policy import PartPolicies
 from engine.spec.runner import ModelRunner
 from engine.spec.sampling import SamplingParams
 from engine.tools.replay import (
@@ -77,6 +80,25 @@ def test_replayed_draft_model_keeps_what_decoding_kept(seed: int, min_confidence
     method = Method("draft", 4, model="draft", min_confidence=min_confidence)
     flat = interpolate({1: 1.0, 2: 1.0})
     assert replay(case, tr, method, flat, flat)[1] == kept
+
+
+def test_a_replayed_hybrid_routes_each_pass_as_decoding_does() -> None:
+    target = tiny_model("llama", vocab_size=VOCAB, seed=1, scale=4.0)
+    draft = tiny_model("llama", vocab_size=VOCAB, seed=2, scale=4.0)
+    loaded = LoadedModel("d", draft, None, None, 256)
+    answer, _ = decoded(target, None)
+    table = {"suffix": SuffixDrafter(), "draft": DraftModelDrafter(loaded, VOCAB, 0.0)}
+    tokens, kept = decoded(target, HybridDrafter(table), k=4)
+    assert tokens == answer
+    case = Case("summary", PROMPT, answer, 2.0, 1.0)
+    tr = trace(DraftModelDrafter(loaded, VOCAB).runner, case)
+    flat = interpolate({1: 1.0, 2: 1.0})
+    hybrid = Method("hybrid k=4", 4, lookup="suffix", model="draft", min_confidence=0.0)
+    assert replay(case, tr, hybrid, flat, flat)[1] == kept
+    adaptive = Method("hybrid", None, lookup="suffix", model="draft", min_confidence=0.0)
+    assert isinstance(adaptive.policy, PartPolicies)  # one policy per part, as the engine's
+    replay(case, tr, adaptive, flat, interpolate({1: 0.1, 2: 0.2}))
+    assert all(p.asked > 0 for p in adaptive.policy.parts.values())  # both parts drafted
 
 
 def test_a_free_perfect_drafter_is_predicted_k_plus_one_times_faster() -> None:

@@ -48,7 +48,7 @@ from engine.spec.drafters.draft_model import DRAFT_WINDOW
 from engine.spec.drafters.eagle import EagleDrafter
 from engine.spec.drafters.ngram import ngram_lookup
 from engine.spec.drafters.suffix import SuffixDrafter
-from engine.spec.policy import DraftPolicy
+from engine.spec.policy import DraftPolicy, PartPolicies, Policy
 from engine.spec.runner import ModelRunner
 from engine.spec.sampling import SamplingParams
 from engine.spec.session import ChatEngine
@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 
 Costs = Callable[[int], float]  # tokens fed -> seconds, or units of t(1)
 GREEDY, GENERATOR = SamplingParams(), torch.Generator()  # what lookups are called with
+LOOKUP, MODEL = "lookup", "model"  # a hybrid's parts
 
 
 @dataclass
@@ -152,28 +153,48 @@ class Method:
     lookup: str | None = None
     model: str | None = None
     min_confidence: float = 0.8
-    policy: DraftPolicy = field(default_factory=DraftPolicy)
+    policy: Policy = field(default_factory=DraftPolicy)
     suffix: SuffixDrafter = field(default_factory=SuffixDrafter)
+
+    def __post_init__(self) -> None:
+        if self.lookup and self.model and isinstance(self.policy, DraftPolicy):
+            self.policy = PartPolicies({LOOKUP: self.policy, MODEL: DraftPolicy()})
+
+
+def lookup(method: Method, context: list[int], k: int) -> list[int]:
+    """The draft of ``method``'s lookup after ``context``, at most ``k`` tokens."""
+    if method.lookup == "ngram":
+        return ngram_lookup(np.asarray(context), k)
+    return list(method.suffix.propose(context, k, GREEDY, GENERATOR).tokens)
 
 
 def replay(case: Case, trace: Trace | None, method: Method, t: Costs, d: Costs
            ) -> tuple[float, list[int]]:
     """Predicted generation time of ``case`` after its first token (in the unit of ``t``
-    and ``d``) and the tokens each pass's verification kept."""
+    and ``d``) and the tokens each pass's verification kept.
+
+    A hybrid (a lookup and a model) routes each pass as the engine's does
+    (:meth:`engine.spec.drafters.hybrid.HybridDrafter.part_for`): to the lookup where it
+    finds at least two tokens at the longest draft the pass allows, and adaptive, with
+    that part's policy (:class:`engine.spec.policy.PartPolicies`)."""
     answer, context = case.answer, list(case.prompt)
     i, total, cached = 0, 0.0, len(case.prompt) - 1  # the model's cache length
     kept_per_pass: list[int] = []
     method.policy.new_answer()
     while i < len(answer):
         room = len(answer) - i
-        gamma = min(method.k, room - 1) if method.k else method.policy.next_gamma(room)
+        part = None
+        if method.lookup and method.model:
+            longest = min(method.k or method.policy.max_gamma, room - 1)
+            found = len(lookup(method, context, longest)) >= min(2, longest)
+            part = LOOKUP if longest > 0 and found else MODEL
+        policy = method.policy.select(part)
+        gamma = min(method.k, room - 1) if method.k else policy.next_gamma(room)
         drafted = accepted = catch_up = 0
         draft_cost = 0.0
-        if gamma > 0 and method.lookup:
-            tokens = (ngram_lookup(np.asarray(context), gamma) if method.lookup == "ngram"
-                      else list(method.suffix.propose(context, gamma, GREEDY, GENERATOR).tokens))
-            if len(tokens) >= min(2, gamma) or not method.model:
-                drafted, accepted = len(tokens), kept(tokens, answer, i)
+        if gamma > 0 and method.lookup and part != MODEL:
+            tokens = lookup(method, context, gamma)
+            drafted, accepted = len(tokens), kept(tokens, answer, i)
         if gamma > 0 and method.model and drafted == 0 and trace is not None:
             drafted, accepted = model_chain(trace, answer, i, gamma, method.min_confidence)
             catch_up = len(context) - cached
@@ -183,7 +204,7 @@ def replay(case: Case, trace: Trace | None, method: Method, t: Costs, d: Costs
         verify = t(drafted + 1)
         total += verify + draft_cost
         if not method.k:
-            method.policy.update(drafted, accepted, draft_cost, verify, catch_up)
+            policy.update(drafted, accepted, draft_cost, verify, catch_up)
         cached = min(cached, len(context) + accepted)
         kept_per_pass.append(accepted)
         context += answer[i : i + accepted + 1]
