@@ -59,6 +59,9 @@ log = logging.getLogger(__name__)
 Costs = Callable[[int], float]  # tokens fed -> seconds, or units of t(1)
 GREEDY, GENERATOR = SamplingParams(), torch.Generator()  # what lookups are called with
 LOOKUP, MODEL = "lookup", "model"  # a hybrid's parts
+# The steps of a head's chains traced (head_trace), so the longest draft its replay asks;
+# at a head's acceptance (about 0.4 a token) a fifth step is accepted about 1 % of the time
+HEAD_DEPTH = 4
 
 
 @dataclass
@@ -318,10 +321,13 @@ def methods(min_confidences: Sequence[float], head_confidences: Sequence[float] 
                 Method(f"hybrid adaptive min_conf={c}", None, lookup="suffix", model="draft",
                        min_confidence=c)]
     for c in head_confidences:
+        head = DraftPolicy(max_gamma=HEAD_DEPTH)  # a head's chains are traced this deep
         out += [Method(f"eagle k=4 min_conf={c}", 4, model="eagle", min_confidence=c),
-                Method(f"eagle adaptive min_conf={c}", None, model="eagle", min_confidence=c),
+                Method(f"eagle adaptive min_conf={c}", None, model="eagle", min_confidence=c,
+                       policy=DraftPolicy(max_gamma=HEAD_DEPTH)),
                 Method(f"hybrid-eagle adaptive min_conf={c}", None, lookup="suffix",
-                       model="eagle", min_confidence=c)]
+                       model="eagle", min_confidence=c,
+                       policy=PartPolicies({LOOKUP: DraftPolicy(), MODEL: head}))]
     return out
 
 
@@ -370,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(head, EagleDrafter):
         step, read = head_costs(engine.target.model, head)
         costs["eagle"] = interpolate({1: step, 64: step + 63 * read})  # catch-ups read rows
-        traces["eagle"] = [head_trace(head, engine.target.model, case, 4, read)
+        traces["eagle"] = [head_trace(head, engine.target.model, case, HEAD_DEPTH, read)
                            for case in cases]
         note = (f"; the head ({head.info.get('file')}, {head.info.get('kind')}): a step "
                 f"{step:.3f}, a prompt token {read:.4f}")
