@@ -13,6 +13,7 @@ from engine.protocol import ROLLING_WINDOW, Completion, ContextWindow, PromptPro
 from engine.spec.drafters.draft_model import DraftModelDrafter
 from engine.spec.drafters.eagle import EagleDrafter
 from engine.spec.drafters.suffix import SuffixDrafter
+from engine.spec.policy import PartPolicies
 from engine.spec.sampling import SamplingParams
 from engine.spec.session import READ_CHUNK, ROLL_TURNS, ChatEngine, TextAssembler, split_turns
 from tests.test_eagle import head_info, random_head
@@ -429,3 +430,17 @@ def test_a_cold_eagle_run_leaves_the_heads_cache_and_the_targets_features(
     assert (list(engine.runner.ids), list(eagle.kv.ids)) == (kept[0], kept[2])
     _, again = answer(engine, DEMO, method="eagle", max_tokens=12)
     assert again.stats.cached_tokens == len(engine.encode(DEMO)) - 1
+
+
+def test_each_kind_of_question_keeps_its_own_adaptive_policies() -> None:
+    target = tiny_loaded("tiny-target", seed=1, scale=4.0)
+    engine = ChatEngine(target, tiny_loaded("tiny-draft", seed=2, scale=4.0))
+    ids = engine.encode(ASK)
+    for kind in ("summary", "code", "summary"):
+        *_, done = engine.generate_ids(ids, max_tokens=12, method="hybrid", kind=kind)
+        assert isinstance(done, Completion)
+    *_, done = engine.generate_ids(ids, max_tokens=12, method="ngram")
+    assert set(engine.policies) == {("hybrid", "summary"), ("hybrid", "code"), ("ngram", None)}
+    summary, code = engine.policies["hybrid", "summary"], engine.policies["hybrid", "code"]
+    assert isinstance(summary, PartPolicies) and summary is not code  # one per part, per kind
+    assert set(summary.parts) == {"suffix", "draft"}

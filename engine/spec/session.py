@@ -38,8 +38,8 @@ worker measures or loads in the background (:meth:`ChatEngine.calibrate`) and th
 acceptance each method showed. Before any calibration it runs n-gram lookup, which
 needs no model of its own and costs next to nothing when it finds no draft. Every answer
 folds what it measured (t(1), t(k)/t(1), the drafter's step cost, its acceptance) back
-into the calibration, and adaptive policies start from the calibrated figures. An
-explicit method always wins.
+into the calibration, and adaptive policies start from the calibrated figures; a slot
+keeps one policy per method and kind of question. An explicit method always wins.
 
 A ChatEngine runs one generation at a time, unless it serves in slots: after
 :meth:`ChatEngine.open_slots` up to that many answers run together, each in its own slot
@@ -205,13 +205,16 @@ def _emptied(obj: Any, table: Mapping[str, Any], cold_table: Mapping[str, Any]) 
     return twin
 
 
+PolicyKey = tuple[str, str | None]  # (method, kind of question): a slot's adaptive policies
+
+
 @dataclass
 class Slot:
     """What one of several answers running together owns (see the module)."""
 
     runner: ModelRunner
     drafters: dict[str, Drafter]
-    policies: dict[str, Policy]
+    policies: dict[PolicyKey, Policy]  # by (method, kind of question)
 
 
 SHARED_DRAFTERS = ("suffix",)  # one office memory for every slot
@@ -292,7 +295,7 @@ class ChatEngine:
         if eagle is not None:
             self.drafters["eagle"] = eagle
             self.drafters["hybrid-eagle"] = HybridDrafter(self.drafters, model="eagle")
-        self.policies: dict[str, Policy] = {}
+        self.policies: dict[PolicyKey, Policy] = {}
         self.slots: list[Slot] = [Slot(self.runner, self.drafters, self.policies)]
         self.calibration: Calibration | None = None
         # what the benchmark saw these models do, until this engine's answers show more
@@ -337,9 +340,8 @@ class ChatEngine:
                     if "hybrid-eagle" not in slot.drafters:
                         slot.drafters["hybrid-eagle"] = _emptied(hybrid, self.drafters,
                                                                  slot.drafters)
-                for method in ("eagle", "hybrid-eagle"):
-                    # their measured acceptance was the old head's
-                    slot.policies.pop(method, None)
+                for key in [k for k in slot.policies if k[0] in ("eagle", "hybrid-eagle")]:
+                    del slot.policies[key]  # their measured acceptance was the old head's
             for method in ("eagle", "hybrid-eagle"):
                 self.observations.forget(method)
 
@@ -577,17 +579,22 @@ class ChatEngine:
         return (DraftPolicy(max_gamma=self.max_adaptive) if self.calibration is None
                 else self.calibration.policy(drafter, self.max_adaptive))
 
-    def _policy(self, method: str, policies: dict[str, Policy]) -> Policy:
-        """The method's adaptive policy in a slot's ``policies``: costs measured on earlier
-        answers are kept; a new one starts from the calibration's figures when there is
-        one. A drafter made of parts gets one policy per part (:class:`PartPolicies`),
-        each starting from that part's calibrated step."""
-        if method not in policies:
+    def _policy(self, method: str, kind: str | None, policies: dict[PolicyKey, Policy]
+                ) -> Policy:
+        """The method's adaptive policy for this kind of question in a slot's ``policies``:
+        costs and acceptance measured on earlier answers of the kind are kept (a head
+        guesses code far better than a summary's wording, so what one summary showed
+        must not switch it off for the code question after it); a new one starts from
+        the calibration's figures when there is one. A drafter made of parts gets one
+        policy per part (:class:`PartPolicies`), each starting from that part's
+        calibrated step."""
+        key = (method, kind)
+        if key not in policies:
             parts = self.drafters[method].parts
-            policies[method] = (
+            policies[key] = (
                 PartPolicies({part: self._new_policy(part) for part in parts}) if parts
                 else self._new_policy(method))
-        policy = policies[method]
+        policy = policies[key]
         policy.new_answer()
         return policy
 
@@ -736,7 +743,7 @@ class ChatEngine:
             return
         detok = IncrementalDetokenizer(self.target.tokenizer, answer_prefix)
         text = TextAssembler(stop)
-        policy = self._policy(method, slot.policies) if adaptive else None
+        policy = self._policy(method, kind, slot.policies) if adaptive else None
         seen: list[Step] = []
         steps = decode(
             runner, prompt, params=params, max_new_tokens=max_tokens,

@@ -80,8 +80,9 @@ from engine.protocol import ACCELERATIONS, Completion
 from engine.spec.calibration import PRIOR_FORMAT, Observations
 from engine.spec.drafters.eagle import eagle_for
 from engine.spec.drafters.suffix import SuffixDrafter
+from engine.spec.policy import Policy
 from engine.spec.runner import ModelRunner
-from engine.spec.session import ADAPTIVE, AUTO, ChatEngine, DraftLength
+from engine.spec.session import ADAPTIVE, AUTO, ChatEngine, DraftLength, PolicyKey
 from engine.tools.load import check_rounds, load_markdown, parse_levels, run_load
 
 log = logging.getLogger(__name__)
@@ -149,7 +150,7 @@ def peak_rss(row: Row) -> Iterator[None]:
 class RowState:
     """What one row carries from prompt to prompt: its policies and suffix corpus only."""
 
-    policies: dict[str, Any] = field(default_factory=dict)
+    policies: dict[PolicyKey, Policy] = field(default_factory=dict)
     suffix: SuffixDrafter = field(default_factory=SuffixDrafter)
 
 
