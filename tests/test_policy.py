@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import pytest
 
-from engine.spec.decoding import decode
+from engine.spec.decoding import Step, decode
 from engine.spec.drafters import Draft, Drafter
 from engine.spec.drafters.hybrid import HybridDrafter
 from engine.spec.drafters.ngram import NgramDrafter
@@ -15,6 +15,7 @@ from engine.spec.policy import (
     SHARED_SLACK,
     DraftPolicy,
     PartPolicies,
+    Policy,
     choose_gamma,
     expected_tokens,
 )
@@ -151,19 +152,27 @@ class SlowWrongDrafter(Drafter):
         return Draft(tuple([63] * k))
 
 
-def test_adaptive_decoding_stays_identical_and_switches_off(
-    monkeypatch: pytest.MonkeyPatch
-) -> None:
+def clocked(monkeypatch: pytest.MonkeyPatch, prompt: list[int], max_new_tokens: int
+            ) -> tuple[Clock, Callable[..., tuple[list[int], list[Step]]]]:
+    """A :class:`Clock` standing in for the loop's time, and ``run(drafter, policy)``: greedy
+    decoding of ``prompt`` on a tiny target, giving its tokens and steps."""
     clock = Clock()
     monkeypatch.setattr("engine.spec.decoding.time", clock)
     target = tiny_model("llama", vocab_size=64, seed=1, scale=4.0)
-    prompt = [5, 6, 7, 8, 5, 6, 7]
 
-    def run(drafter, policy):  # type: ignore[no-untyped-def]
+    def run(drafter: Drafter | None, policy: Policy | None) -> tuple[list[int], list[Step]]:
         steps = list(decode(ModelRunner(target), prompt, params=SamplingParams(),
-                            max_new_tokens=40, max_context=256, drafter=drafter, policy=policy))
+                            max_new_tokens=max_new_tokens, max_context=256, drafter=drafter,
+                            policy=policy))
         return [t for s in steps for t in s.tokens], steps
 
+    return clock, run
+
+
+def test_adaptive_decoding_stays_identical_and_switches_off(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock, run = clocked(monkeypatch, [5, 6, 7, 8, 5, 6, 7], 40)
     plain, _ = run(None, None)
     assert run(NgramDrafter(), DraftPolicy())[0] == plain
     tokens, steps = run(SlowWrongDrafter(clock), DraftPolicy())
@@ -342,18 +351,9 @@ def test_each_part_keeps_its_own_acceptance_and_the_machine_costs_are_shared() -
 def test_a_lookup_keeps_drafting_after_the_model_part_is_switched_off(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    clock = Clock()
-    monkeypatch.setattr("engine.spec.decoding.time", clock)
-    target = tiny_model("llama", vocab_size=64, seed=1, scale=4.0)
-    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]
+    clock, run = clocked(monkeypatch, [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7], 60)
     table: dict[str, Drafter] = {"suffix": SuffixDrafter(), "draft": SlowWrongDrafter(clock)}
     hybrid = HybridDrafter(table)
-
-    def run(drafter, policy):  # type: ignore[no-untyped-def]
-        steps = list(decode(ModelRunner(target), prompt, params=SamplingParams(),
-                            max_new_tokens=60, max_context=256, drafter=drafter, policy=policy))
-        return [t for s in steps for t in s.tokens], steps
-
     plain, _ = run(None, None)
     parts = PartPolicies({"suffix": DraftPolicy(max_gamma=8), "draft": DraftPolicy(max_gamma=8)})
     tokens, steps = run(hybrid, parts)
