@@ -116,7 +116,8 @@ def test_light_model_second_prepare_uses_the_cache(
 def test_appliance_pair_greedy_speculation_is_token_identical() -> None:
     engine = ChatEngine.load("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
     assert engine.target.accel == engine.draft.accel == "int4+int8"  # type: ignore[union-attr]
+    assert {"eagle", "hybrid-eagle"} <= set(engine.methods)  # the shipped head
     for prompt in PROMPTS[:2]:
         plain = greedy_answer(engine, prompt, "off", 32)
-        for method in ("draft", "ngram", "suffix"):
+        for method in ("draft", "ngram", "suffix", "hybrid", "eagle", "hybrid-eagle"):
             assert greedy_answer(engine, prompt, method, 32).token_ids == plain.token_ids, method
