@@ -128,6 +128,12 @@ def test_a_hybrid_routes_a_pass_to_one_part_for_every_shorter_draft() -> None:
     hybrid.part_for([1, 7, 8], 8)  # a route holds for its own context only
     assert hybrid.propose([1, 5, 6], 3, GREEDY, GEN).tokens == (7, 8, 9) and model.calls == 1
     assert Recording(()).part_for([1, 2], 4) is None  # a drafter of one part
+    branching = SuffixDrafter([[5, 6, 7, 8, 9], [5, 6, 7, 1, 2]], branches=1)
+    tree = HybridDrafter({"suffix": branching, "draft": model})
+    assert tree.part_for([1, 5, 6], 8) == "suffix"  # a routed tree is drafted again at k
+    drafted = tree.propose([1, 5, 6], 3, GREEDY, GEN)
+    assert drafted.parents is not None
+    assert drafted == branching.propose([1, 5, 6], 3, GREEDY, GEN)
 
 
 class Seeing(Recording):

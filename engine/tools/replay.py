@@ -46,6 +46,7 @@ from engine.models.registry import PROFILES
 from engine.spec import calibration
 from engine.spec.drafters.draft_model import DRAFT_WINDOW
 from engine.spec.drafters.eagle import EagleDrafter
+from engine.spec.drafters.hybrid import lookup_drafts
 from engine.spec.drafters.ngram import ngram_lookup
 from engine.spec.drafters.suffix import SuffixDrafter
 from engine.spec.policy import DraftPolicy, PartPolicies, Policy
@@ -178,25 +179,27 @@ def replay(case: Case, trace: Trace | None, method: Method, t: Costs, d: Costs
 
     A hybrid (a lookup and a model) routes each pass as the engine's does
     (:meth:`engine.spec.drafters.hybrid.HybridDrafter.part_for`): to the lookup where it
-    finds at least two tokens at the longest draft the pass allows, and adaptive, with
-    that part's policy (:class:`engine.spec.policy.PartPolicies`)."""
+    finds enough tokens (:func:`engine.spec.drafters.hybrid.lookup_drafts`) at the longest
+    draft the pass allows, and adaptive, with that part's policy
+    (:class:`engine.spec.policy.PartPolicies`)."""
     answer, context = case.answer, list(case.prompt)
     i, total, cached = 0, 0.0, len(case.prompt) - 1  # the model's cache length
     kept_per_pass: list[int] = []
     method.policy.new_answer()
     while i < len(answer):
         room = len(answer) - i
-        part = None
+        part, found = None, []
         if method.lookup and method.model:
             longest = min(method.k or method.policy.max_gamma, room - 1)
-            found = len(lookup(method, context, longest)) >= min(2, longest)
-            part = LOOKUP if longest > 0 and found else MODEL
+            found = lookup(method, context, longest)
+            part = LOOKUP if lookup_drafts(len(found), longest) else MODEL
         policy = method.policy.select(part)
         gamma = min(method.k, room - 1) if method.k else policy.next_gamma(room)
         drafted = accepted = catch_up = 0
         draft_cost = 0.0
         if gamma > 0 and method.lookup and part != MODEL:
-            tokens = lookup(method, context, gamma)
+            # a routed lookup's shorter draft is a prefix of the one it found
+            tokens = found[:gamma] if part == LOOKUP else lookup(method, context, gamma)
             drafted, accepted = len(tokens), kept(tokens, answer, i)
         if gamma > 0 and method.model and drafted == 0 and trace is not None:
             drafted, accepted = model_chain(trace, answer, i, gamma, method.min_confidence)

@@ -33,6 +33,12 @@ from engine.spec.sampling import SamplingParams
 LOOKUP, MODEL, HEAD = "suffix", "draft", "eagle"
 GREEDY, _NO_DRAWS = SamplingParams(), torch.Generator()  # a lookup draws nothing
 NAMES = {MODEL: "hybrid", HEAD: "hybrid-eagle"}  # the method of each model part
+MIN_LOOKUP = 2  # the fewest tokens a lookup must find to draft a pass (fewer only for k)
+
+
+def lookup_drafts(found: int, k: int, min_lookup: int = MIN_LOOKUP) -> bool:
+    """Whether a lookup that found ``found`` of at most ``k`` tokens drafts the pass."""
+    return k > 0 and found >= min(min_lookup, k)
 
 
 def _key(context: Sequence[int]) -> tuple[int, ...]:
@@ -43,7 +49,7 @@ def _key(context: Sequence[int]) -> tuple[int, ...]:
 class HybridDrafter(Drafter):
     """Drafts with the suffix lookup when it matches, else with its model part."""
 
-    def __init__(self, drafters: Mapping[str, Drafter], min_lookup: int = 2,
+    def __init__(self, drafters: Mapping[str, Drafter], min_lookup: int = MIN_LOOKUP,
                  model: str = MODEL) -> None:
         if min_lookup < 1:
             raise ValueError(f"min_lookup must be at least 1, not {min_lookup}")
@@ -54,7 +60,8 @@ class HybridDrafter(Drafter):
         self.model = model
         self.name = NAMES[model]
         self.parts = (LOOKUP, model)
-        self._routed: tuple[tuple[int, ...], str] | None = None  # (context, part) of part_for
+        # part_for's (context, part, lookup draft), for the propose on the same context
+        self._routed: tuple[tuple[int, ...], str, Draft] | None = None
 
     @property
     def reads_prompt(self) -> bool:  # type: ignore[override]
@@ -79,18 +86,22 @@ class HybridDrafter(Drafter):
         is smaller) among ``k``, else the model part; the next ``propose`` on this
         context drafts with it (a lookup's shorter draft is a prefix of its longer one)."""
         lookup = self.drafters[LOOKUP].propose(context, k, GREEDY, _NO_DRAWS)
-        part = LOOKUP if k > 0 and len(lookup) >= min(self.min_lookup, k) else self.model
-        self._routed = (_key(context), part)
+        part = LOOKUP if lookup_drafts(len(lookup), k, self.min_lookup) else self.model
+        self._routed = (_key(context), part, lookup)
         return part
 
     def propose(
         self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator
     ) -> Draft:
         routed, self._routed = self._routed, None
-        part = routed[1] if routed is not None and routed[0] == _key(context) else None
+        part = None
+        if routed is not None and routed[0] == _key(context):
+            part, found = routed[1:]
+            if part == LOOKUP and found.parents is None:  # a chain: its prefix is the draft
+                return Draft(found.tokens[:k])
         if part != self.model:
             lookup = self.drafters[LOOKUP].propose(context, k, params, generator)
-            if part == LOOKUP or len(lookup) >= min(self.min_lookup, k):
+            if part == LOOKUP or lookup_drafts(len(lookup), k, self.min_lookup):
                 return lookup
         return self.drafters[self.model].propose(context, k, params, generator)
 
