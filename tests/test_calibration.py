@@ -131,6 +131,25 @@ def test_a_head_whose_cached_prompt_lacks_features_pays_for_reading_it_again() -
     assert 128 / slower.speedup == pytest.approx(128 / eagle.speedup + 250 * per_token)
 
 
+def test_a_draft_model_pays_for_what_it_must_read_of_this_question() -> None:
+    """The kind's typical new prompt tokens cost a draft model nothing where the target has
+    the prompt cached; but a draft model whose cache holds another conversation reads its
+    whole window first, and for the question at hand that reading counts."""
+    cal = calibration({"ngram": 0.002, "draft": 0.25}, {"draft": 0.08})
+    observed = Observations()
+    observed.record("ngram", "code", seen(30, 30, asked=40, found=20), 1, 128)
+    observed.record("draft", "code", seen(100, 15), 1, 128)  # prompts found cached
+    typical = predict(cal, observed, ["ngram", "draft"], "code", 8)
+    behind = predict(cal, observed, ["ngram", "draft"], "code", 8, reads={"draft": 256})
+    level = predict(cal, observed, ["ngram", "draft"], "code", 8, reads={"draft": 1})
+    assert typical[0].method == "draft" and behind[0].method == "ngram"
+    assert [p.speedup for p in level] == [p.speedup for p in typical]
+    draft = {p.method: p for p in typical}["draft"]
+    slower = {p.method: p for p in behind}["draft"]
+    assert 128 / slower.speedup == pytest.approx(128 / draft.speedup + 255 * 0.08)
+    assert {p.method: p.speedup for p in behind}["ngram"] == typical[1].speedup
+
+
 def test_a_hybrid_alone_costs_its_draft_model_where_its_lookup_finds_nothing() -> None:
     """Calibration measures the hybrid on repetitive text, where its lookup always finds a
     draft (a step of 0.002 here); on chat the lookup found a draft in a quarter of its

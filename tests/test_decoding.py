@@ -99,6 +99,33 @@ def test_draft_model_reports_the_context_it_caught_up_on() -> None:
     assert drafter.propose(context, 3, params, generator).catch_up == 4
 
 
+@pytest.mark.parametrize("window", [None, 8])
+def test_the_draft_model_says_beforehand_how_much_it_will_read(window: int | None) -> None:
+    """``unread`` predicts each propose's catch-up (its last token included), whether the
+    conversation goes on, another one comes, or a parked one returns, and moves nothing."""
+    drafter = DraftModelDrafter(loaded(tiny_model("llama", vocab_size=64, seed=2)), 64,
+                                min_confidence=0.0, window=window)
+    params, generator, draws = SamplingParams(), torch.Generator(), random.Random(5)
+    conversations = [[3 + (i * 7 + c) % 60 for i in range(20)] for c in range(3)]
+    for _ in range(30):
+        c = draws.randrange(3)
+        context = conversations[c]
+        state = (drafter.start, list(drafter.runner.ids), len(drafter.runner.parked))
+        expected = drafter.unread(context)
+        assert state == (drafter.start, drafter.runner.ids, len(drafter.runner.parked))
+        if draws.random() < 0.3:  # the prompt read before the first pass
+            prefill_drafter(drafter, ModelRunner(tiny_model("llama", vocab_size=64)), context)
+            assert drafter.unread(context) == 1
+            expected = 1
+        draft = drafter.propose(context, 3, params, generator)
+        assert draft.catch_up == expected
+        kept = draws.randrange(len(draft.tokens) + 1)  # some drafts kept, then a new token
+        conversations[c] = [*context, *draft.tokens[:kept], draws.randrange(3, 60),
+                            *[draws.randrange(3, 60) for _ in range(draws.choice([0, 2, 12]))]]
+    fresh = DraftModelDrafter(drafter.loaded, 64, window=window)
+    assert fresh.unread(conversations[0]) == min(len(conversations[0]), window or 10**9)
+
+
 def test_draft_of_different_vocab_size_is_padded() -> None:
     target = tiny_model("llama", vocab_size=64, seed=1, scale=4.0)
     draft = tiny_model("llama", vocab_size=60, seed=1, scale=4.0)

@@ -197,11 +197,14 @@ def test_the_head_catches_up_with_the_prompt_before_the_first_pass() -> None:
     prompt = list(range(5, 35))
     runner.keep_hidden(True)
     runner.sync(prompt[:-1])
+    assert drafter.unread(prompt) == len(prompt) - 1
     prefill_drafter(drafter, runner, prompt)
     assert len(drafter.kv.cache) == len(drafter.kv) == len(prompt) - 2  # all but the last feature
+    assert drafter.unread(prompt) == 1 and len(drafter.kv) == len(prompt) - 2
     warm = drafter.propose(prompt, 3, SamplingParams(), torch.Generator())
     assert warm.catch_up == 1  # only the last position was left to feed
     fresh = EagleDrafter(drafter.head, target, min_confidence=0.0)
     fresh.observe_hidden(runner.hidden)
+    assert fresh.unread(prompt) == len(prompt) - 1 and fresh.unread(prompt[:1]) == 0
     cold = fresh.propose(prompt, 3, SamplingParams(), torch.Generator())
     assert cold.tokens == warm.tokens and cold.catch_up == len(prompt) - 1

@@ -444,3 +444,27 @@ def test_each_kind_of_question_keeps_its_own_adaptive_policies() -> None:
     summary, code = engine.policies["hybrid", "summary"], engine.policies["hybrid", "code"]
     assert isinstance(summary, PartPolicies) and summary is not code  # one per part, per kind
     assert set(summary.parts) == {"suffix", "draft"}
+
+
+def test_auto_costs_what_each_drafter_would_read_of_the_question_first(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The target may have a prompt cached that the draft model has not read (another
+    method answered it): ``auto`` is told what each drafter with a model of its own would
+    read first, not the target's new tokens."""
+    target = tiny_loaded("tiny-target", seed=1, scale=4.0)
+    engine = ChatEngine(target, tiny_loaded("tiny-draft", seed=2, scale=4.0))
+    told: list[dict[str, int]] = []
+    choice = engine.choice
+    monkeypatch.setattr(engine, "choice", lambda kind, others=0, rereads=None, reads=None: (
+        told.append(dict(reads or {})) or choice(kind, others, rereads, reads)))
+    ids = engine.encode(ASK)
+    window = engine.drafters["draft"].window  # type: ignore[attr-defined]
+    list(engine.generate_ids(ids, max_tokens=6, method="ngram"))  # the target reads it
+    list(engine.generate_ids(ids, max_tokens=1))
+    assert told[-1] == {"draft": min(len(ids), window), "hybrid": min(len(ids), window)}
+    *_, done = engine.generate_ids(ids, max_tokens=6, method="draft")
+    assert isinstance(done, Completion)
+    list(engine.generate_ids(ids, max_tokens=1))
+    assert told[-1] == {"draft": 1, "hybrid": 1}  # it caught up: only the last token is new
+    list(engine.generate_ids(ids, max_tokens=1, cache="cold"))
+    assert told[-1]["draft"] == min(len(ids), window)

@@ -538,13 +538,18 @@ def parts_step(calibration: Calibration, observations: Observations, parts: Sequ
 def predict(calibration: Calibration, observations: Observations, methods: Iterable[str],
             kind: str | None, max_gamma: int, alpha_prior: float = DraftPolicy.alpha_prior,
             others: int = 0, parts: Mapping[str, Sequence[str]] | None = None,
-            rereads: Mapping[str, int] | None = None) -> list[Prediction]:
+            rereads: Mapping[str, int] | None = None, reads: Mapping[str, int] | None = None,
+            ) -> list[Prediction]:
     """Predicted speed of each method (``off`` is left out) on ``kind``, best first; with
     ``others`` answers decoding in the same passes, the speed of all of them together:
     a drafter's own prompt reading then stalls every one, and a drafter made of
     ``parts`` (``Drafter.parts``) is costed as :func:`parts_step` says. ``rereads``:
     prompt tokens the target would read again for a method (an EAGLE head needs features
-    its cached prompt lacks), each at a 16-row pass's cost per row. Where a method's own
+    its cached prompt lacks), each at a 16-row pass's cost per row. ``reads``: for the
+    question at hand, the tokens a method's drafter would read itself before drafting
+    (``Drafter.unread``: a draft model whose cache holds another conversation reads its
+    whole window, however much of the prompt the target has cached); a method not in it
+    reads the kind's typical new prompt tokens. Where a method's own
     answers ran alone on this machine, the speed they showed (``Seen.tokens`` per
     ``Seen.cost``) is blended in, weighing as much as the model at
     :data:`OBSERVED_TOKENS` tokens."""
@@ -571,9 +576,10 @@ def predict(calibration: Calibration, observations: Observations, methods: Itera
         if observed is not None and not others:
             weight = seen.tokens / (seen.tokens + OBSERVED_TOKENS)
             speed = (1 - weight) * speed + weight * observed
-        # an answer of `answer` tokens, the drafter reading `prompt` new tokens first
+        # an answer of `answer` tokens, the drafter reading its new tokens first
         # (and the target reading the prompt again where the method needs it)
-        reading = prompt * read + (rereads or {}).get(method, 0) * target_read
+        reading = ((reads or {}).get(method, prompt) * read
+                   + (rereads or {}).get(method, 0) * target_read)
         speedup = answer / (answer / speed + reading * (1 + others))
         out.append(Prediction(method, speedup, alpha, coverage, gamma, step, read,
                               seen.accepted + seen.rejected, observed, seen.tokens))

@@ -560,7 +560,11 @@ class ChatEngine:
                 ids = prompt[:-1]
                 again = seat.runner.cached(ids, False) - seat.runner.cached(ids, True)
                 rereads = dict.fromkeys(heads, again)
-            self.last_choice = self.choice(kind, sharing(), rereads)
+            # what each drafter with a model of its own would read first (all of its
+            # window on a cold start, or where its cache holds another conversation)
+            table = self._cold(seat)[1] if cache == COLD else seat.drafters
+            reads = {name: d.unread(prompt) for name, d in table.items() if d.reads_prompt}
+            self.last_choice = self.choice(kind, sharing(), rereads, reads)
             method = self.check_method(self.last_choice.method)
         k = self.check_num_draft_tokens(
             self.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
@@ -627,17 +631,19 @@ class ChatEngine:
             self._cache.save(self.calibration_key, self.calibration, self.observations)
 
     def choice(self, kind: str | None, others: int = 0,
-               rereads: Mapping[str, int] | None = None) -> Choice:
+               rereads: Mapping[str, int] | None = None,
+               reads: Mapping[str, int] | None = None) -> Choice:
         """The method ``auto`` runs on a question of ``kind`` now, and why; ``others``:
         answers already decoding beside it (continuous batching); ``rereads``: prompt
         tokens the target would read again per method (cached without the features an
-        EAGLE head needs)."""
+        EAGLE head needs); ``reads``: tokens each method's drafter would read itself first
+        (``Drafter.unread``)."""
         if self.calibration is None:
             return choose((), kind, FALLBACK_METHOD)
         predictions = predict(self.calibration, self.observations, self.drafters, kind,
                               self.max_adaptive, others=others,
                               parts={n: d.parts for n, d in self.drafters.items()},
-                              rereads=rereads)
+                              rereads=rereads, reads=reads)
         return choose(predictions, kind, FALLBACK_METHOD)
 
     def speculation_report(self) -> dict[str, Any]:

@@ -19,7 +19,9 @@ decoding loop uses, each with a default, so the loop never probes for one:
 * ``reads_prompt`` (default ``False``) and ``prefill(context)``: a drafter with a model
   of its own catches up with the prompt before the first pass, so that this one-off cost
   counts as prompt processing and not as the cost of drafting a token, which the adaptive
-  policy weighs. ``prefill`` is idempotent; the default does nothing.
+  policy weighs. ``prefill`` is idempotent; the default does nothing. ``unread(context)``
+  (default 0) says how many tokens that reading would take now, its cache considered,
+  without moving anything, so ``auto`` can cost a drafter that has to catch up.
 * ``reset()`` forgets whatever the drafter cached (default: nothing to forget).
 * ``parts`` (default none) names the engine's other drafters this one drafts with, one
   of them each pass (the hybrid: the lookup, else the draft model), so a pass may cost
@@ -123,6 +125,13 @@ class Drafter:
     def prefill(self, context: Sequence[int]) -> None:
         """Catch up with ``context`` before the first pass (drafters that read prompts)."""
         del context
+
+    def unread(self, context: Sequence[int]) -> int:
+        """Tokens of ``context`` the drafter's own model would read before its first draft
+        after it (``prefill`` and the first ``propose``), as its caches stand; nothing
+        moves. 0 for drafters without a model of their own."""
+        del context
+        return 0
 
     def reset(self) -> None:
         """Forget every cached position (drafters with caches of their own)."""

@@ -101,6 +101,21 @@ class DraftModelDrafter(Drafter):
                 self.runner.start_over(max(0, len(context) - self.window))
         return context[self.runner.offset:]
 
+    def unread(self, context: Sequence[int]) -> int:
+        """Tokens :meth:`view` would leave to read, its last one included: after the cache
+        it would keep or swap in, else a fresh window's; nothing moves."""
+        if self.window is None:
+            kept: tuple[list[int], int] | None = (self.runner.ids, 0)
+        else:
+            caches = [(self.runner.ids, self.runner.offset),
+                      *((p.ids, p.offset) for p in self.runner.parked)]
+            kept = next((c for c in caches if self.fits(*c, context)), None)
+        if kept is None:
+            return min(len(context), self.window or len(context))
+        ids, offset = kept
+        seen = context[offset:]
+        return len(seen) - min(shared_prefix(ids, seen), max(0, len(seen) - 1))
+
     def prefill(self, context: Sequence[int]) -> None:
         """Cache the view of ``context[:-1]`` (the first ``propose`` feeds the last token)."""
         if len(context) > 1:

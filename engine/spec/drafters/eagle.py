@@ -98,6 +98,11 @@ class EagleDrafter(Drafter):
         out = self.stack(self.head.fc(torch.cat([f, e], dim=-1)), self.kv.cache)  # [T, H]
         return out[-1:].to(features.dtype)  # [1, H]
 
+    def unread(self, context: Sequence[int]) -> int:
+        """Entries the head would feed before its first draft after ``context``."""
+        real = len(context) - 1
+        return 0 if real < 1 else real - min(self.kv.reusable(context), real - 1)
+
     @torch.inference_mode()
     def prefill(self, context: Sequence[int]) -> None:
         """Feed the head all known positions but the last (the first ``propose`` feeds it)."""

@@ -81,6 +81,9 @@ class HybridDrafter(Drafter):
     def prefill(self, context: Sequence[int]) -> None:
         self.drafters[self.model].prefill(context)
 
+    def unread(self, context: Sequence[int]) -> int:
+        return self.drafters[self.model].unread(context)
+
     def part_for(self, context: Sequence[int], k: int) -> str | None:
         """The lookup when it finds at least ``min_lookup`` tokens (fewer only where ``k``
         is smaller) among ``k``, else the model part; the next ``propose`` on this
