@@ -3,6 +3,7 @@ costs, a test clock; nothing here is timed)."""
 
 import json
 from collections.abc import Generator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,11 @@ from engine.spec.calibration import (
     PRIOR_ANSWERS,
     PRIOR_FORMAT,
     PRIOR_SUFFIX,
+    UNTRIED,
     Calibration,
     CalibrationCache,
     Observations,
+    Prediction,
     Seen,
     cache_key,
     choose,
@@ -448,3 +451,33 @@ def test_under_load_no_draft_length_may_slow_the_others_pass() -> None:
     gamma = shared[1]
     drafted = 0.001 * (gamma + 0.8**gamma) + flat.ratio_at(gamma + 2)
     assert drafted <= 1.02 * flat.ratio_at(2)  # the other answer's pass: at most 2 % longer
+
+
+def test_auto_tries_a_close_runner_up_once_and_then_goes_by_what_it_showed() -> None:
+    """The cost model's errors exceed the gaps between close predictions, and only a
+    method's own timed answers show them: one predicted within ``UNTRIED`` of the best
+    but not yet timed here is tried; once timed, the observed speed decides."""
+    def guess(method: str, speedup: float, timed: float = 0.0) -> Prediction:
+        return Prediction(method, speedup, 0.6, 1.0, 3, 0.1, 0.0, 50.0,
+                          None if not timed else speedup, timed)
+
+    ran = guess("hybrid-eagle", 1.42, timed=512)
+    assert choose([ran, guess("hybrid", 1.39)], "code").method == "hybrid"
+    tried = choose([ran, guess("hybrid", 1.39)], "code")
+    assert "not yet timed" in tried.reason and tried.predictions[0].method == "hybrid-eagle"
+    assert choose([ran, guess("hybrid", 1.39, timed=512)]).method == "hybrid-eagle"
+    far = 1.42 * (1 + UNTRIED * OBSERVED_TOKENS / (512 + OBSERVED_TOKENS)) / (1 + UNTRIED) * 0.99
+    assert choose([ran, guess("ngram", far)]).method == "hybrid-eagle"  # too far to try
+    # nothing timed yet (a fresh engine): every method equally hopeful, the best runs
+    assert choose([guess("ngram", 1.30), guess("hybrid", 1.31)]).method == "hybrid"
+    # end to end: the speed hybrid's answers showed replaces the hope
+    cal = calibration({"hybrid-eagle": 0.003, "hybrid": 0.003})
+    observed = Observations()
+    observed.record("hybrid-eagle", "code", replace(seen(60, 30), tokens=512, cost=512 / 1.5),
+                    100, 256)
+    observed.record("hybrid", "code", seen(58, 30), 100, 256)
+    first = choose(predict(cal, observed, ["hybrid-eagle", "hybrid"], "code", 8), "code")
+    assert first.method == "hybrid"
+    observed.record("hybrid", "code", Seen(answers=1.0, tokens=512, cost=512 / 1.2), 100, 256)
+    then = choose(predict(cal, observed, ["hybrid-eagle", "hybrid"], "code", 8), "code")
+    assert then.method == "hybrid-eagle"
