@@ -463,6 +463,7 @@ def test_auto_tries_a_close_runner_up_once_and_then_goes_by_what_it_showed() -> 
 
     ran = guess("hybrid-eagle", 1.42, timed=512)
     assert choose([ran, guess("hybrid", 1.39)], "code").method == "hybrid"
+    assert choose([ran, guess("hybrid", 1.39)], explore=False).method == "hybrid-eagle"  # load
     tried = choose([ran, guess("hybrid", 1.39)], "code")
     assert "not yet timed" in tried.reason and tried.predictions[0].method == "hybrid-eagle"
     assert choose([ran, guess("hybrid", 1.39, timed=512)]).method == "hybrid-eagle"

@@ -616,16 +616,18 @@ def hopeful(prediction: Prediction) -> float:
 
 
 def choose(predictions: Sequence[Prediction], kind: str | None = None,
-           fallback: str = "ngram") -> Choice:
-    """The method with the best :func:`hopeful` speedup; with no predictions (nothing
-    measured yet) ``fallback``.
+           fallback: str = "ngram", explore: bool = True) -> Choice:
+    """The method with the best :func:`hopeful` speedup (with ``explore``; else the best
+    predicted); with no predictions (nothing measured yet) ``fallback``.
 
     The cost model misses costs and gains by more than the gaps between its predictions
     (a hybrid's parts draft differently from their pooled acceptance; a draft model's
     catch-ups), and only a method's own timed answers show them. So a method predicted
     close to the best, but not yet timed here, is tried once on the kind, and from then
     on its observed speed takes part (the exploration bonus of optimism under
-    uncertainty); without that, the first method to run would keep the kind.
+    uncertainty); without that, the first method to run would keep the kind. Under load
+    the caller passes ``explore=False``: the answers sharing the trial's passes would pay
+    for it, and answers that ran beside others are not timed anyway.
 
     Even when no method is predicted faster than plain decoding, the best one runs (the
     caller runs ``auto`` at adaptive length): its policy drafts only where the pass's
@@ -637,7 +639,7 @@ def choose(predictions: Sequence[Prediction], kind: str | None = None,
         return Choice(fallback, f"{fallback}: not measured on this machine yet", kind)
     ordered = sorted(predictions, key=lambda p: -p.speedup)
     parts = "; ".join(f"{NAMES.get(p.method, p.method)}: {p.speedup:.2f}×" for p in ordered)
-    best = max(ordered, key=hopeful)
+    best = max(ordered, key=hopeful) if explore else ordered[0]
     name = NAMES.get(best.method, best.method)
     if best.speedup < 1.01:
         return Choice(best.method, f"no method predicted faster than plain decoding ({parts}); "

@@ -644,7 +644,7 @@ class ChatEngine:
                               self.max_adaptive, others=others,
                               parts={n: d.parts for n, d in self.drafters.items()},
                               rereads=rereads, reads=reads)
-        return choose(predictions, kind, FALLBACK_METHOD)
+        return choose(predictions, kind, FALLBACK_METHOD, explore=not others)
 
     def speculation_report(self) -> dict[str, Any]:
         """The calibration, ``auto``'s choice per kind and the draft head in use (what
