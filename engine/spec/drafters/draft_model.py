@@ -82,6 +82,14 @@ class DraftModelDrafter(Drafter):
         kept = shared_prefix(ids, context[offset:])
         return kept > 0 and len(context) - offset - kept <= self.window
 
+    def _fitting(self, context: Sequence[int]) -> int | None:
+        """The cache (with a window) that can go on reading ``context`` (:meth:`fits`): -1
+        for the current one, ``i`` for parked cache ``i``, ``None`` for none."""
+        if self.fits(self.runner.ids, self.runner.offset, context):
+            return -1
+        return next((i for i, p in enumerate(self.runner.parked)
+                     if self.fits(p.ids, p.offset, context)), None)
+
     def view(self, context: Sequence[int]) -> Sequence[int]:
         """The part of ``context`` the draft model reads, moving its start when needed.
 
@@ -91,30 +99,22 @@ class DraftModelDrafter(Drafter):
         """
         if self.window is None:
             return context
-        if not self.fits(self.runner.ids, self.runner.offset, context):
-            parked = self.runner.parked
-            back = next((i for i, p in enumerate(parked) if self.fits(p.ids, p.offset, context)),
-                        None)
-            if back is not None:
-                self.runner.swap_in(back)
-            else:
-                self.runner.start_over(max(0, len(context) - self.window))
+        back = self._fitting(context)
+        if back is None:
+            self.runner.start_over(max(0, len(context) - self.window))
+        elif back >= 0:
+            self.runner.swap_in(back)
         return context[self.runner.offset:]
 
     def unread(self, context: Sequence[int]) -> int:
         """Tokens :meth:`view` would leave to read, its last one included: after the cache
         it would keep or swap in, else a fresh window's; nothing moves."""
-        if self.window is None:
-            kept: tuple[list[int], int] | None = (self.runner.ids, 0)
-        else:
-            caches = [(self.runner.ids, self.runner.offset),
-                      *((p.ids, p.offset) for p in self.runner.parked)]
-            kept = next((c for c in caches if self.fits(*c, context)), None)
-        if kept is None:
+        back = -1 if self.window is None else self._fitting(context)
+        if back is None:
             return min(len(context), self.window or len(context))
-        ids, offset = kept
-        seen = context[offset:]
-        return len(seen) - min(shared_prefix(ids, seen), max(0, len(seen) - 1))
+        cache = self.runner if back < 0 else self.runner.parked[back]
+        seen = context[cache.offset:]
+        return len(seen) - min(shared_prefix(cache.ids, seen), max(0, len(seen) - 1))
 
     def prefill(self, context: Sequence[int]) -> None:
         """Cache the view of ``context[:-1]`` (the first ``propose`` feeds the last token)."""

@@ -98,10 +98,15 @@ class EagleDrafter(Drafter):
         out = self.stack(self.head.fc(torch.cat([f, e], dim=-1)), self.kv.cache)  # [T, H]
         return out[-1:].to(features.dtype)  # [1, H]
 
+    def _kept(self, context: Sequence[int]) -> int:
+        """Entries of the head's cache that hold for ``context``, all but its last known
+        position's at most (the next step feeds that one)."""
+        return min(self.kv.reusable(context), len(context) - 2)
+
     def unread(self, context: Sequence[int]) -> int:
         """Entries the head would feed before its first draft after ``context``."""
         real = len(context) - 1
-        return 0 if real < 1 else real - min(self.kv.reusable(context), real - 1)
+        return 0 if real < 1 else real - self._kept(context)
 
     @torch.inference_mode()
     def prefill(self, context: Sequence[int]) -> None:
@@ -110,7 +115,7 @@ class EagleDrafter(Drafter):
         features = self.features
         if real < 2 or features is None or features.shape[0] < real:
             return
-        keep = min(self.kv.reusable(context), real - 1)
+        keep = self._kept(context)
         self.kv.truncate(keep)
         if keep < real - 1:
             self._step(features[keep : real - 1], context[keep + 1 : real])
@@ -124,7 +129,7 @@ class EagleDrafter(Drafter):
         features = self.features
         if k <= 0 or real < 1 or features is None or features.shape[0] < real:
             return EMPTY_DRAFT
-        keep = min(self.kv.reusable(context), real - 1)
+        keep = self._kept(context)
         self.kv.truncate(keep)
         feature = self._step(features[keep:real], context[keep + 1 : real + 1])  # [1, H]
         self.kv.ids = list(context)
