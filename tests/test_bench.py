@@ -10,6 +10,7 @@ from engine.cpu.layers import Int8Linear
 from engine.cpu.quantize import accelerate, model_bytes
 from engine.heads.files import HeadInfo, save_head
 from engine.heads.model import EagleHead, HeadConfig
+from engine.spec.calibration import Seen
 from engine.spec.drafters.eagle import eagle_for
 from engine.spec.session import ChatEngine
 from engine.tools import bench
@@ -118,6 +119,27 @@ def test_tiny_run_fills_every_row_and_greedy_rows_match_plain() -> None:
     auto = next(r for r in rows if r.name.startswith("auto"))
     assert all(r.method in engine.drafters for r in auto.runs)  # what auto ran, by name
     assert {r.method for r in draft.runs} == {"draft"}
+
+
+def test_warm_ups_teach_the_engine_nothing_and_the_run_is_recorded_apart() -> None:
+    engine = ChatEngine(tiny_loaded(seed=1, scale=8.0), None)
+    for _ in engine.calibrate(None, budget_s=0.0):
+        pass
+    prior = Seen(accepted=5.0, rejected=1.0, asked=3.0, found=3.0, answers=4.0)
+    engine.observations.record("ngram", "code", prior, 10, 20)  # as shipped priors would
+    recorded = bench.Recorded(engine.observations.seen, engine.observations.lengths)
+    engine.observations = recorded
+    calibration = engine.calibration
+    assert calibration is not None
+    specs = [s for s in bench.row_specs(engine, 2, 8) if s[0] in ("plain (ours)",
+                                                                  "suffix adaptive")]
+    bench.run_rows(engine, specs, [{"kind": "free chat", "prompt": "abc abc abc abc"}])
+    # one measured answer of suffix on chat: its warm-up call (same kind) left no trace
+    assert engine.observations.seen["suffix"]["chat"].answers == 1.0
+    assert engine.calibration is not None and engine.calibration.answers == 2  # off, suffix
+    assert engine.observations.seen["ngram"]["code"] == prior  # auto chose from the priors
+    assert set(recorded.run.seen) == {"suffix"}  # the file gets this run's answers only
+    assert recorded.run.seen["suffix"]["chat"].answers == 1.0
 
 
 def test_llama_cpp_rows_are_checked_against_llama_cpp_plain() -> None:

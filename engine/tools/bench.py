@@ -35,11 +35,13 @@ runs that A/B alone.
 several answers at once through the worker's scheduler, speculation off and on, total
 and per-answer tokens per second, time to first token, identical answers.
 
-``--observations-out FILE`` writes what the answers showed per method and kind (from an
-empty start) in the format ``assets/calibration/`` ships: a fresh engine starts its
-``auto`` choice from it (:func:`engine.spec.calibration.shipped_observations`). The ``auto``
-row then starts from it too, so on the benchmark's own prompts it is measured in-sample;
-the held-out check through the API is the fair one.
+``--observations-out FILE`` writes what this run's answers showed per method and kind in
+the format ``assets/calibration/`` ships: a fresh engine starts its ``auto`` choice from
+it (:func:`engine.spec.calibration.shipped_observations`). The ``auto`` row starts from the
+shipped file, as a fresh worker does (with or without ``--observations-out``), so on the
+benchmark's own prompts it is measured in-sample; the held-out check through the API is
+the fair one. The rows' warm-up calls teach the engine nothing: its observations and
+calibration are put back after them.
 
 Rows run interleaved: prompt by prompt, every row in an order that rotates by one per
 prompt, so a slow spell of the (shared, noisy) machine falls on all rows alike. Each
@@ -54,6 +56,7 @@ lookup gets the same length.
 """
 
 import argparse
+import copy
 import importlib.util
 import json
 import logging
@@ -77,7 +80,7 @@ from engine.cpu.quantize import model_bytes
 from engine.models.registry import PROFILES
 from engine.paths import ASSETS
 from engine.protocol import ACCELERATIONS, Completion
-from engine.spec.calibration import PRIOR_FORMAT, Observations
+from engine.spec.calibration import PRIOR_FORMAT, Observations, Seen
 from engine.spec.drafters.eagle import eagle_for
 from engine.spec.drafters.suffix import SuffixDrafter
 from engine.spec.policy import Policy
@@ -699,14 +702,19 @@ def run_rows(engine: ChatEngine, specs: list[RowSpec], prompts: list[dict[str, s
     """Every row on every prompt, interleaved: prompt by prompt, rows in rotating order.
 
     A slow spell of the machine then falls on all rows alike instead of on whole rows.
-    Each row keeps its own adaptive policies and suffix corpus across its prompts.
+    Each row keeps its own adaptive policies and suffix corpus across its prompts. Each
+    row's warm-up call leaves the engine's observations and calibration as they were.
     """
     encoded = [(p["kind"], engine.encode([{"role": "user", "content": p["prompt"]}]))
                for p in prompts]
     rows, states = [Row(name) for name, _ in specs], [RowState() for _ in specs]
+    # warm-ups (and lazy loads), not measured and not learnt from: a first call's timings
+    # and a 32-token prompt's answers are not what auto should start the run from
+    observations, calibration = copy.deepcopy(engine.observations), engine.calibration
     for _, fn in specs:
         enter(engine, RowState())
-        fn(engine, encoded[0][1][:32], encoded[0][0])  # warm-up (and lazy loads), not measured
+        fn(engine, encoded[0][1][:32], encoded[0][0])
+    engine.observations, engine.calibration = observations, calibration
     for i, (kind, ids) in enumerate(encoded):
         for r in rotation(len(specs), i):
             enter(engine, states[r])
@@ -752,12 +760,29 @@ def header(meta: dict[str, Any]) -> str:
             + (f" · `{meta['command']}`" if meta.get("command") else ""))
 
 
-def write_observations(path: Path, engine: ChatEngine, models: list[str | None],
+@dataclass
+class Recorded(Observations):
+    """The engine's observations that also record every answer in ``run``: what a file of
+    this run's answers holds, while ``auto`` chooses from all (shipped priors included)."""
+
+    run: Observations = field(default_factory=Observations)
+
+    def record(self, method: str, kind: str, answer: Seen, prompt_tokens: int,
+               answer_tokens: int) -> None:
+        super().record(method, kind, answer, prompt_tokens, answer_tokens)
+        self.run.record(method, kind, answer, prompt_tokens, answer_tokens)
+
+    def forget(self, method: str) -> None:
+        super().forget(method)
+        self.run.forget(method)
+
+
+def write_observations(path: Path, observations: Observations, models: list[str | None],
                        specs: list[RowSpec], prompts: int) -> None:
     """What the run's answers showed per method and kind (:mod:`engine.spec.calibration`'s
     observations), in the file format :func:`engine.spec.calibration.shipped_observations` reads."""
     data = {"format": PRIOR_FORMAT, "models": models,
-            "observations": engine.observations.to_json(),
+            "observations": observations.to_json(),
             "source": {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(),
                        "rows": [name for name, _ in specs], "prompts": prompts,
                        "command": "python -m engine.bench " + " ".join(sys.argv[1:])}}
@@ -889,11 +914,12 @@ def main(argv: list[str] | None = None) -> int:
             pass
     costs = verification_costs(engine)
     bandwidth = copy_bandwidth()
-    if args.observations_out is not None:
-        engine.observations = Observations()  # only this run's answers
+    recorded = Recorded(engine.observations.seen, engine.observations.lengths)
+    engine.observations = recorded  # auto starts from the shipped ones, as a worker
     rows = run_rows(engine, specs, prompts)
     if args.observations_out is not None:
-        write_observations(args.observations_out, engine, [target, draft], specs, len(prompts))
+        write_observations(args.observations_out, recorded.run, [target, draft], specs,
+                           len(prompts))
     summary = summarise(rows, KINDS)
     weights = weight_bytes_per_token(engine.target.model)
     plain_tps = next(r["tokens_per_s"] for r in summary if r["kind"] == "overall")
