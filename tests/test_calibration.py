@@ -379,6 +379,21 @@ def test_an_engine_calibrates_once_then_reads_its_cache(tmp_path: Path) -> None:
     assert timed.tokens > 0 and timed.cost > 0  # the speed it showed, in t(1)
 
 
+def test_a_one_token_answer_teaches_nothing() -> None:
+    """A warm-up (``max_tokens: 1``) has no pass after its first token: recorded, it
+    would halve the kind's typical answer and double the weight of prompt reading."""
+    engine = ChatEngine(tiny_loaded("tiny-target", seed=1, scale=4.0), None)
+    for _ in engine.calibrate(None, budget_s=0.0):
+        pass
+    chat = [{"role": "user", "content": "Say hi"}]
+    list(engine.generate(chat, max_tokens=1, method="ngram"))
+    assert engine.observations.seen == {} and engine.observations.lengths == {}
+    list(engine.generate(chat, max_tokens=6, method="ngram"))
+    kind = classify("Say hi")
+    assert engine.observations.seen["ngram"][kind].answers == 1.0
+    assert engine.observations.lengths[kind].answer > 1
+
+
 def test_shipped_observations_start_a_fresh_engine_where_the_models_match(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

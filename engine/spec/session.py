@@ -661,8 +661,12 @@ class ChatEngine:
     def _learn(self, method: str, kind: str | None, steps: list[Step],
                prompt_tokens: int, policy: Policy | None, timed: bool = True) -> None:
         """Fold one answer's figures into the observations and, if ``timed`` (it ran
-        alone), its timings into the calibration."""
-        if method != "off":
+        alone), its timings into the calibration. An answer with no pass after its first
+        token (``max_tokens: 1``, a warm-up) shows nothing of its method, and its length
+        is no answer's: it is left out of the observations, where it would shorten the
+        kind's typical answer and so weigh every drafter's prompt reading more."""
+        later = [s for s in steps[1:] if s.forwarded]
+        if method != "off" and later:
             seen = Seen(answers=1.0)
             for i, step in enumerate(steps):
                 if not step.forwarded or step.auto_off or (i == 0 and not step.drafted):
@@ -673,7 +677,6 @@ class ChatEngine:
             # its speed after the first token, in t(1) of this moment (the policy's, else
             # the calibration's); the drafter's reading of the prompt is left out, as
             # predict costs that apart
-            later = [s for s in steps[1:] if s.forwarded]
             t1 = policy.t1 if policy is not None and policy.t1 else (
                 None if self.calibration is None else self.calibration.t1)
             if timed and t1 and later:
