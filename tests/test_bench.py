@@ -133,13 +133,17 @@ def test_warm_ups_teach_the_engine_nothing_and_the_run_is_recorded_apart() -> No
     assert calibration is not None
     specs = [s for s in bench.row_specs(engine, 2, 8) if s[0] in ("plain (ours)",
                                                                   "suffix adaptive")]
-    bench.run_rows(engine, specs, [{"kind": "free chat", "prompt": "abc abc abc abc"}])
-    # one measured answer of suffix on chat: its warm-up call (same kind) left no trace
+    bench.run_rows(engine, specs, [{"kind": "free chat", "prompt": "abc abc abc abc"},
+                                   {"kind": "code editing", "prompt": "abc abc abc abc"}])
+    assert engine.observations is recorded
+    # one measured answer of suffix per kind: the warm-up call (on chat) left no trace
     assert engine.observations.seen["suffix"]["chat"].answers == 1.0
-    assert engine.calibration is not None and engine.calibration.answers == 2  # off, suffix
+    assert engine.observations.seen["suffix"]["editing"].answers == 1.0
+    assert engine.calibration is not None and engine.calibration.answers == 4  # 2 off, 2 suffix
     assert engine.observations.seen["ngram"]["code"] == prior  # auto chose from the priors
     assert set(recorded.run.seen) == {"suffix"}  # the file gets this run's answers only
-    assert recorded.run.seen["suffix"]["chat"].answers == 1.0
+    assert {k: s.answers for k, s in recorded.run.seen["suffix"].items()} == {
+        "chat": 1.0, "editing": 1.0}
 
 
 def test_llama_cpp_rows_are_checked_against_llama_cpp_plain() -> None:

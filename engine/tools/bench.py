@@ -710,7 +710,8 @@ def run_rows(engine: ChatEngine, specs: list[RowSpec], prompts: list[dict[str, s
     rows, states = [Row(name) for name, _ in specs], [RowState() for _ in specs]
     # warm-ups (and lazy loads), not measured and not learnt from: a first call's timings
     # and a 32-token prompt's answers are not what auto should start the run from
-    observations, calibration = copy.deepcopy(engine.observations), engine.calibration
+    observations, calibration = engine.observations, engine.calibration
+    engine.observations = copy.deepcopy(observations)  # what the warm-ups learn is dropped
     for _, fn in specs:
         enter(engine, RowState())
         fn(engine, encoded[0][1][:32], encoded[0][0])
