@@ -379,6 +379,25 @@ def test_an_engine_calibrates_once_then_reads_its_cache(tmp_path: Path) -> None:
     assert timed.tokens > 0 and timed.cost > 0  # the speed it showed, in t(1)
 
 
+def test_speed_seen_on_one_kind_is_not_borrowed_by_another() -> None:
+    """A lookup's answers ran fast on summaries (quoting the document); on chat its
+    acceptance borrows a quarter of that evidence, but not its speed, and it is still
+    untimed there, so a close call on chat still tries it."""
+    cal = calibration({"ngram": 0.002, "eagle": 0.08}, {"eagle": 0.01})
+    observed = Observations()
+    for _ in range(4):
+        observed.record("ngram", "summary", Seen(90, 10, 30, 20, 1, tokens=128, cost=64),
+                        300, 128)
+    chat = {p.method: p for p in predict(cal, observed, ["ngram", "eagle"], "chat", 8)}
+    summary = {p.method: p for p in predict(cal, observed, ["ngram", "eagle"], "summary", 8)}
+    assert summary["ngram"].observed == pytest.approx(2.0)
+    assert summary["ngram"].observed_tokens == pytest.approx(128 * sum(0.98**i for i in range(4)))
+    assert chat["ngram"].observed is None and chat["ngram"].observed_tokens == 0.0
+    assert chat["ngram"].alpha > 0.6  # the acceptance is borrowed at OTHER_KINDS
+    overall = {p.method: p for p in predict(cal, observed, ["ngram"], None, 8)}
+    assert overall["ngram"].observed == pytest.approx(2.0)  # every kind, for the overall
+
+
 def test_a_one_token_answer_teaches_nothing() -> None:
     """A warm-up (``max_tokens: 1``) has no pass after its first token: recorded, it
     would halve the kind's typical answer and double the weight of prompt reading."""

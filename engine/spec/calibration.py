@@ -404,6 +404,15 @@ class Observations:
             total = total.add(seen, 1.0 if kind in (None, name) else OTHER_KINDS)
         return total
 
+    def timed(self, method: str, kind: str | None) -> tuple[float, float]:
+        """The tokens and cost (in t(1)) of the method's timed answers on the kind itself
+        (on every kind for ``None``). Unlike acceptance, speed is not borrowed from other
+        kinds: a lookup that ran at 1.9x on summaries quoting their document runs near
+        plain speed on free chat."""
+        kinds = self.seen.get(method, {})
+        own = [seen for name, seen in kinds.items() if kind in (None, name)]
+        return sum(s.tokens for s in own), sum(s.cost for s in own)
+
     def typical(self, kind: str | None) -> tuple[float, float]:
         """Mean new prompt tokens and answer tokens of a kind (prior: equal lengths)."""
         found = [v for k, v in self.lengths.items() if kind in (None, k)]
@@ -553,8 +562,8 @@ def predict(calibration: Calibration, observations: Observations, methods: Itera
     (``Drafter.unread``: a draft model whose cache holds another conversation reads its
     whole window, however much of the prompt the target has cached); a method not in it
     reads the kind's typical new prompt tokens. Where a method's own
-    answers ran alone on this machine, the speed they showed (``Seen.tokens`` per
-    ``Seen.cost``) is blended in, weighing as much as the model at
+    answers on this kind ran alone on this machine, the speed they showed
+    (:meth:`Observations.timed`) is blended in, weighing as much as the model at
     :data:`OBSERVED_TOKENS` tokens."""
     target_read = calibration.ratio_at(16) / 16  # one prompt token, in t(1)
     prompt, answer = observations.typical(kind)
@@ -575,9 +584,10 @@ def predict(calibration: Calibration, observations: Observations, methods: Itera
         # what its own answers showed alone on this machine: every cost the model leaves
         # out is in it (a draft model's catch-up, a head's features), so as its tokens
         # grow it outweighs the model (not under load: those answers ran alone)
-        observed = seen.tokens / seen.cost if seen.tokens > 0 and seen.cost > 0 else None
+        tokens, cost = observations.timed(method, kind)
+        observed = tokens / cost if tokens > 0 and cost > 0 else None
         if observed is not None and not others:
-            weight = seen.tokens / (seen.tokens + OBSERVED_TOKENS)
+            weight = tokens / (tokens + OBSERVED_TOKENS)
             speed = (1 - weight) * speed + weight * observed
         # an answer of `answer` tokens, the drafter reading its new tokens first
         # (and the target reading the prompt again where the method needs it)
@@ -585,7 +595,7 @@ def predict(calibration: Calibration, observations: Observations, methods: Itera
                    + (rereads or {}).get(method, 0) * target_read)
         speedup = answer / (answer / speed + reading * (1 + others))
         out.append(Prediction(method, speedup, alpha, coverage, gamma, step, read,
-                              seen.accepted + seen.rejected, observed, seen.tokens))
+                              seen.accepted + seen.rejected, observed, tokens))
     return sorted(out, key=lambda p: -p.speedup)
 
 
