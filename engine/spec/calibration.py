@@ -397,21 +397,13 @@ class Observations:
     def forget(self, method: str) -> None:
         self.seen.pop(method, None)
 
-    def evidence(self, method: str, kind: str | None) -> Seen:
-        """The kind's own evidence plus ``OTHER_KINDS`` of the method's other kinds."""
+    def evidence(self, method: str, kind: str | None, borrowed: float = OTHER_KINDS) -> Seen:
+        """The kind's own evidence (every kind's for ``None``) plus ``borrowed`` of the
+        method's other kinds."""
         total = Seen()
         for name, seen in self.seen.get(method, {}).items():
-            total = total.add(seen, 1.0 if kind in (None, name) else OTHER_KINDS)
+            total = total.add(seen, 1.0 if kind in (None, name) else borrowed)
         return total
-
-    def timed(self, method: str, kind: str | None) -> tuple[float, float]:
-        """The tokens and cost (in t(1)) of the method's timed answers on the kind itself
-        (on every kind for ``None``). Unlike acceptance, speed is not borrowed from other
-        kinds: a lookup that ran at 1.9x on summaries quoting their document runs near
-        plain speed on free chat."""
-        kinds = self.seen.get(method, {})
-        own = [seen for name, seen in kinds.items() if kind in (None, name)]
-        return sum(s.tokens for s in own), sum(s.cost for s in own)
 
     def typical(self, kind: str | None) -> tuple[float, float]:
         """Mean new prompt tokens and answer tokens of a kind (prior: equal lengths)."""
@@ -562,8 +554,8 @@ def predict(calibration: Calibration, observations: Observations, methods: Itera
     (``Drafter.unread``: a draft model whose cache holds another conversation reads its
     whole window, however much of the prompt the target has cached); a method not in it
     reads the kind's typical new prompt tokens. Where a method's own
-    answers on this kind ran alone on this machine, the speed they showed
-    (:meth:`Observations.timed`) is blended in, weighing as much as the model at
+    answers on this kind ran alone on this machine, the speed they showed (``Seen.tokens``
+    per ``Seen.cost`` of the kind's own evidence) is blended in, weighing as much as the model at
     :data:`OBSERVED_TOKENS` tokens."""
     target_read = calibration.ratio_at(16) / 16  # one prompt token, in t(1)
     prompt, answer = observations.typical(kind)
@@ -584,7 +576,10 @@ def predict(calibration: Calibration, observations: Observations, methods: Itera
         # what its own answers showed alone on this machine: every cost the model leaves
         # out is in it (a draft model's catch-up, a head's features), so as its tokens
         # grow it outweighs the model (not under load: those answers ran alone)
-        tokens, cost = observations.timed(method, kind)
+        # (on this kind alone: unlike acceptance, speed does not carry over, and a lookup
+        # that ran at 1.9x on summaries quoting their document runs near plain on chat)
+        timed = observations.evidence(method, kind, borrowed=0.0)
+        tokens, cost = timed.tokens, timed.cost
         observed = tokens / cost if tokens > 0 and cost > 0 else None
         if observed is not None and not others:
             weight = tokens / (tokens + OBSERVED_TOKENS)
