@@ -1,0 +1,120 @@
+"""The held-out check through the API (``python -m engine.tools.heldout``): its prompts
+file, the alternating order of each pair, the summary's arithmetic, and one whole run
+against a real worker process on tiny models."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engine.tools import heldout
+from engine.tools.bench import KINDS
+from engine.tools.heldout import HeldOutError, Pair, load_prompts, order, parse_methods, summarise
+from tests.tiny import save_tiny
+
+
+def write(tmp_path: Path, data: object) -> Path:
+    path = tmp_path / "prompts.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_the_shipped_held_out_prompts_cover_every_kind() -> None:
+    prompts = load_prompts(heldout.PROMPTS)
+    assert {p.kind for p in prompts} == set(KINDS)
+    bench = json.loads((heldout.PROMPTS.parent / "prompts.json").read_text())["prompts"]
+    assert not {p.prompt for p in prompts} & {p["prompt"] for p in bench}
+
+
+@pytest.mark.parametrize(("data", "says"), [
+    ([], "at least one prompt"),
+    ({"prompts": []}, "at least one prompt"),
+    ({"prompts": [{"kind": "poetry", "prompt": "x"}]}, "kind 'poetry'"),
+    ({"prompts": [{"kind": "summary", "prompt": "  "}]}, "prompt 0 has no text"),
+    ({"prompts": ["just text"]}, "kind None"),
+])
+def test_a_bad_prompts_file_is_refused_with_what_is_wrong(tmp_path: Path, data: object,
+                                                          says: str) -> None:
+    with pytest.raises(HeldOutError, match=says):
+        load_prompts(write(tmp_path, data))
+
+
+def test_an_unreadable_prompts_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "prompts.json"
+    path.write_text("{not json")
+    with pytest.raises(HeldOutError, match="cannot read"):
+        load_prompts(path)
+    with pytest.raises(HeldOutError, match="cannot read"):
+        load_prompts(tmp_path / "missing.json")
+
+
+def test_methods_are_checked_and_off_is_never_one_of_them() -> None:
+    assert parse_methods("auto, ngram") == ["auto", "ngram"]
+    for bad in ("off", "auto,off", "fast", ""):
+        with pytest.raises(HeldOutError, match="--methods"):
+            parse_methods(bad)
+
+
+def test_each_side_goes_first_as_often_over_prompts_and_rounds() -> None:
+    firsts = [order(r, i, "auto")[0] for r in range(2) for i in range(3)]
+    assert firsts.count("auto") == firsts.count("off") == 3
+    assert [order(0, i, "auto")[0] for i in range(3)] == ["auto", "off", "auto"]
+    assert [order(1, i, "auto")[0] for i in range(3)] == ["off", "auto", "off"]
+    assert all(sorted(order(r, i, "ngram")) == ["ngram", "off"] for r in range(2) for i in range(3))
+
+
+def pair(kind: str, method: str, ran: str, total: float, plain: float, same: bool = True) -> Pair:
+    return Pair(0, kind, method, ran, total, plain, method, same, 10, 1.5)
+
+
+def test_the_summary_sums_times_per_method_and_kind() -> None:
+    pairs = [pair("summary", "auto", "ngram", 2.0, 4.0), pair("summary", "auto", "ngram", 4.0, 4.0),
+             pair("free chat", "auto", "draft", 5.0, 4.0, same=False),
+             pair("free chat", "ngram", "ngram", 1.0, 3.0)]
+    auto, ngram = summarise(pairs, ["auto", "ngram"])
+    assert auto["overall"] == pytest.approx(12.0 / 11.0)
+    assert auto["kinds"] == {"summary": pytest.approx(8.0 / 6.0), "free chat": pytest.approx(0.8)}
+    assert (auto["lowest"], auto["lowest_kind"], auto["lowest_ran"]) == (0.8, "free chat", "draft")
+    assert (auto["identical"], auto["pairs"], auto["ran"]) == (2, 3, {"ngram": 2, "draft": 1})
+    assert ngram["overall"] == pytest.approx(3.0) and ngram["pairs"] == 1
+
+
+def test_a_whole_check_against_a_fresh_worker(tmp_path: Path) -> None:
+    target = save_tiny(tmp_path / "tiny-llama")
+    draft = save_tiny(tmp_path / "tiny-draft")
+    prompts = write(tmp_path, {"prompts": [
+        {"kind": "code completion", "prompt": "def add(a, b): the quick brown fox"},
+        {"kind": "free chat", "prompt": "How do I keep my desk tidy?"}]})
+    out = tmp_path / "out"
+    code = heldout.main(["--prompts", str(prompts), "--methods", "auto,ngram", "--rounds", "2",
+                         "--max-tokens", "8", "--profile", "light",
+                         f"--worker-arg=--target={target}", f"--worker-arg=--draft={draft}",
+                         "--models-from", str(tmp_path / "models-home"),
+                         "--data-dir", str(tmp_path / "data"), "--out", str(out)])
+    assert code == 0
+    (json_file,) = out.glob("heldout-light-*.json")
+    data = json.loads(json_file.read_text())
+    pairs = data["pairs"]
+    assert len(pairs) == 2 * 2 * 2  # rounds x prompts x methods
+    assert all(p["identical"] for p in pairs)  # tiny models, greedy: the same ids
+    assert {p["first"] for p in pairs if p["method"] == "auto"} == {"auto", "off"}
+    assert all(p["total_s"] > 0 and p["plain_s"] > 0 for p in pairs)
+    assert {p["ran"] for p in pairs if p["method"] == "ngram"} == {"ngram"}
+    assert [s["method"] for s in data["summary"]] == ["auto", "ngram"]
+    assert data["meta"]["plans"]["target"]["backend"] in ("native", "reference")
+    shared = (tmp_path / "models-home" / "models").resolve()
+    assert (tmp_path / "data" / "models").resolve() == shared
+    table = json_file.with_suffix(".md").read_text()
+    assert "| auto |" in table and "8/8" not in table and "4/4" in table
+
+
+def test_a_worker_that_cannot_load_stops_the_check_with_the_reason(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    prompts = write(tmp_path, {"prompts": [{"kind": "free chat", "prompt": "Hello?"}]})
+    code = heldout.main(["--prompts", str(prompts), "--profile", "light",
+                         f"--worker-arg=--target={tmp_path / 'no-such-model'}",
+                         "--models-from", str(tmp_path / "home"),
+                         "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "out")])
+    assert code == 2
+    assert "could not load its models" in caplog.text and "no-such-model" in caplog.text
+    assert not (tmp_path / "out").exists()
