@@ -41,6 +41,23 @@ def test_a_run_becomes_one_line_between_the_markers_and_the_rest_stays(tmp_path:
     assert render(out, tmp_path) == out  # regenerating changes nothing
 
 
+def test_a_held_out_check_gets_its_line(tmp_path: Path) -> None:
+    meta = {"date": "2026-12-03 22:00", "machine": "AMD EPYC, 2 threads", "cpu_flags": ["avx2"],
+            "command": "python -m engine.tools.heldout --rounds 2", "prompts": 8, "rounds": 2,
+            "max_tokens": 256}
+    summary = [{"method": "auto", "overall": 1.25, "kinds": {"summary": 1.8, "free chat": 0.97},
+                "lowest": 0.91, "lowest_kind": "free chat", "lowest_ran": "hybrid",
+                "identical": 16, "pairs": 16, "ran": {"hybrid-eagle": 10, "ngram": 6}}]
+    (tmp_path / "heldout-appliance-20261203-2200.json").write_text(
+        json.dumps({"meta": meta, "summary": summary, "pairs": []}))
+    (line,) = runs(tmp_path)
+    assert line.startswith("- **held-out check**, 2026-12-03 22:00 · AMD EPYC, 2 threads (avx2)")
+    assert ("8 prompts × 2 round(s), ≤256 new tokens; auto 1.25× (summary 1.80×, free chat "
+            "0.97×; lowest pair 0.91×, free chat, ran hybrid); identical 16/16; ran "
+            "hybrid-eagle ×10, ngram ×6") in line
+    assert "(bench/heldout-appliance-20261203-2200.md)" in line
+
+
 def test_check_fails_on_a_stale_index_and_writing_fixes_it(tmp_path: Path) -> None:
     doc = tmp_path / "measurements.md"
     doc.write_text(DOC)

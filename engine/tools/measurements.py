@@ -4,11 +4,13 @@
 Contract:
 
 * Every ``bench-*.json`` (:mod:`engine.tools.bench`), ``kernels-*.json``
-  (``--kernels-only``) and ``load-*.json`` (``--concurrency``) in the folder gets one
-  line, oldest first: when, on which machine (CPU, its SIMD flags where the run recorded
-  them), the command where recorded, and its headline figures computed from the JSON
-  (plain tok/s and each row's overall speedup; t(k)/t(1) and prompt reading against
-  llama.cpp per kernel variant; total tok/s against one plain answer per concurrency).
+  (``--kernels-only``), ``load-*.json`` (``--concurrency``) and ``heldout-*.json``
+  (:mod:`engine.tools.heldout`) in the folder gets one line, oldest first: when, on which
+  machine (CPU, its SIMD flags where the run recorded them), the command where recorded,
+  and its headline figures computed from the JSON (plain tok/s and each row's overall
+  speedup; t(k)/t(1) and prompt reading against llama.cpp per kernel variant; total tok/s
+  against one plain answer per concurrency; per method the held-out ratio overall and
+  per kind, the lowest pair and what ran).
   A run's full table is its ``.md`` beside the JSON, linked.
 * The lines replace what lies between :data:`BEGIN` and :data:`END` in the Markdown file;
   the rest of the file (the dated notes written by hand) is left as it is. A file without
@@ -101,6 +103,19 @@ def _load_line(data: dict[str, Any]) -> str:
     return f"{data.get('slots', '?')} slots; " + "; ".join(each)
 
 
+def _heldout_line(data: dict[str, Any]) -> str:
+    meta = data["meta"]
+    each = []
+    for s in data["summary"]:
+        kinds = ", ".join(f"{k} {_ratio(v)}" for k, v in s["kinds"].items())
+        ran = ", ".join(f"{m} ×{n}" for m, n in sorted(s["ran"].items()))
+        each.append(f"{s['method']} {_ratio(s['overall'])} ({kinds}; lowest pair "
+                    f"{_ratio(s['lowest'])}, {s['lowest_kind']}, ran {s['lowest_ran']}); "
+                    f"identical {s['identical']}/{s['pairs']}; ran {ran}")
+    return (f"{meta.get('prompts', '?')} prompts × {meta.get('rounds', '?')} round(s), "
+            f"≤{meta.get('max_tokens', '?')} new tokens; " + "; ".join(each))
+
+
 def _md_meta(path: Path) -> dict[str, Any]:
     """Date and machine from the first line of the ``.md`` beside an older JSON."""
     md = path.with_suffix(".md")
@@ -113,8 +128,10 @@ def _md_meta(path: Path) -> dict[str, Any]:
     return {"date": date, "machine": fields[1]} if len(fields) > 1 else {}
 
 
-LINES = {"bench": _bench_line, "kernels": _kernels_line, "load": _load_line}
-TITLES = {"bench": "benchmark", "kernels": "kernel variants", "load": "several answers at once"}
+LINES = {"bench": _bench_line, "kernels": _kernels_line, "load": _load_line,
+         "heldout": _heldout_line}
+TITLES = {"bench": "benchmark", "kernels": "kernel variants", "load": "several answers at once",
+          "heldout": "held-out check"}
 
 
 def runs(folder: Path) -> list[str]:
