@@ -10,9 +10,7 @@ so that a test acts on a running answer however fast the machine generates.
 import contextlib
 import http.client
 import json
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.worker.hold import HOLD_ENV
+from engine.worker.process import child_worker
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -138,21 +137,7 @@ def start_worker(args: list[str], log_dir: Path,
                  hold: Hold | None = None) -> Iterator[WorkerProcess]:
     """Start ``python -m engine.worker --port 0 ARGS`` (held at ``hold``) and stop it
     afterwards."""
-    out, err = log_dir / "worker.out", log_dir / "worker.err"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(hold.env if hold else {})}
-    with out.open("wb") as out_fh, err.open("wb") as err_fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.worker", "--port", "0", *args],
-            stdout=out_fh, stderr=err_fh, cwd=REPO, env=env,
-        )
-    worker = WorkerProcess(proc, out, err)
-    try:
+    with child_worker(args, log_dir, env=hold.env if hold else None, cwd=REPO) as child:
+        worker = WorkerProcess(child.proc, child.out, child.err)
         worker.wait_listening()
         yield worker
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)

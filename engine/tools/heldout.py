@@ -29,7 +29,6 @@ import contextlib
 import http.client
 import json
 import logging
-import os
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,7 @@ from typing import Any
 
 from engine.paths import ASSETS, models_dir
 from engine.tools.bench import KINDS, machine, simd_flags
+from engine.worker.process import child_worker
 
 log = logging.getLogger(__name__)
 
@@ -197,27 +197,15 @@ class Worker:
 
 @contextlib.contextmanager
 def fresh_worker(worker_args: Sequence[str], data: Path, models: Path) -> Iterator[Worker]:
-    """``python -m engine.worker --port 0`` on the data folder ``data`` (its ``models``
-    linked to ``models``), stopped afterwards."""
+    """The worker on the data folder ``data`` (its ``models`` linked to ``models``),
+    stopped afterwards."""
     data.mkdir(parents=True, exist_ok=True)
     link = data / "models"
     if not link.exists():
         link.symlink_to(models.resolve(), target_is_directory=True)
-    out, err = data / "worker.out", data / "worker.err"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
-    with out.open("wb") as out_fh, err.open("wb") as err_fh:
-        proc = subprocess.Popen([sys.executable, "-m", "engine.worker", "--port", "0",
-                                 "--data-dir", str(data), *worker_args],
-                                stdout=out_fh, stderr=err_fh, env=env)
-    try:
-        yield Worker(proc, out, err)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+    with child_worker(["--data-dir", str(data), *worker_args], data,
+                      env={"HF_HUB_OFFLINE": "1"}, stop_s=30.0) as child:
+        yield Worker(child.proc, child.out, child.err)
 
 
 def run_pairs(client: Client, prompts: Sequence[Prompt], methods: Sequence[str],
