@@ -4,12 +4,22 @@ against a real worker process on tiny models."""
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from engine.tools import heldout
 from engine.tools.bench import KINDS
-from engine.tools.heldout import HeldOutError, Pair, load_prompts, order, parse_methods, summarise
+from engine.tools.heldout import (
+    HeldOutError,
+    Pair,
+    Prompt,
+    load_prompts,
+    order,
+    parse_methods,
+    run_pairs,
+    summarise,
+)
 from tests.tiny import save_tiny
 
 
@@ -77,6 +87,32 @@ def test_the_summary_sums_times_per_method_and_kind() -> None:
     assert (auto["lowest"], auto["lowest_kind"], auto["lowest_ran"]) == (0.8, "free chat", "draft")
     assert (auto["identical"], auto["pairs"], auto["ran"]) == (2, 3, {"ngram": 2, "draft": 1})
     assert ngram["overall"] == pytest.approx(3.0) and ngram["pairs"] == 1
+
+
+class FailingClient:
+    """Answers ``good`` requests (ids [1, 2], one second each), then the worker is gone."""
+
+    def __init__(self, good: int) -> None:
+        self.good, self.asked = good, []
+
+    def answer(self, prompt: str, method: str, max_tokens: int) -> dict[str, Any]:
+        self.asked.append(method)
+        if len(self.asked) > self.good:
+            raise ConnectionRefusedError("connection refused")
+        return {"ids": [1, 2], "spec": {"method": "ngram" if method == "auto" else method,
+                                        "total_s": 1.0, "mean_accepted_length": None}}
+
+
+def test_an_answer_that_fails_keeps_the_finished_pairs_and_says_where() -> None:
+    prompts = [Prompt("summary", "a"), Prompt("free chat", "b")]
+    pairs: list[Pair] = []
+    client = FailingClient(good=3)
+    with pytest.raises(HeldOutError, match=r"round 0, prompt 1 \(free chat\), auto: .*"
+                                           r"ConnectionRefusedError"):
+        run_pairs(client, prompts, ["auto"], 1, 8, pairs)  # type: ignore[arg-type]
+    assert client.asked == ["auto", "off", "off", "auto"]  # the second pair: off first
+    assert [(p.kind, p.ran, p.identical, p.speedup) for p in pairs] == [
+        ("summary", "ngram", True, 1.0)]
 
 
 def test_a_whole_check_against_a_fresh_worker(tmp_path: Path) -> None:

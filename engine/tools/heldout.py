@@ -21,7 +21,10 @@ overall (the plain answers' time over the method's), per kind, the lowest pair, 
 identical count, and what ``auto`` ran. The worker's answers keep teaching its ``auto``
 as they would in an office. Writes ``heldout-<profile>-<date>.json`` and ``.md`` into
 ``--out``. A worker that exits, fails to load its models, or is not ready within
-``--ready-timeout``, stops the check with the reason.
+``--ready-timeout``, stops the check with the reason; an answer that fails later stops it
+too, and the pairs finished by then are still written, marked as stopped early.
+``--data-dir`` names the worker's data folder instead of a new temporary one (what it
+already holds, such as a calibration, is then used).
 """
 
 import argparse
@@ -209,15 +212,22 @@ def fresh_worker(worker_args: Sequence[str], data: Path, models: Path) -> Iterat
 
 
 def run_pairs(client: Client, prompts: Sequence[Prompt], methods: Sequence[str],
-              rounds: int, max_tokens: int) -> list[Pair]:
+              rounds: int, max_tokens: int, pairs: list[Pair]) -> None:
     """Every prompt with every method and off, the pairs' order alternating (see
-    :func:`order`)."""
-    pairs = []
+    :func:`order`), each appended to ``pairs`` once both answers are in; an answer that
+    fails raises :class:`HeldOutError` and leaves the finished pairs there."""
     for r in range(rounds):
         for i, p in enumerate(prompts):
             for method in methods:
                 first = order(r, i, method)[0]
-                got = {m: client.answer(p.prompt, m, max_tokens) for m in order(r, i, method)}
+                try:
+                    got = {m: client.answer(p.prompt, m, max_tokens)
+                           for m in order(r, i, method)}
+                except (HeldOutError, OSError, http.client.HTTPException, KeyError,
+                        TypeError, ValueError) as exc:
+                    raise HeldOutError(f"round {r}, prompt {i} ({p.kind}), {method}: the "
+                                       f"worker's answer failed ({type(exc).__name__}: {exc})"
+                                       ) from None
                 spec, plain = got[method]["spec"], got[OFF]["spec"]
                 pair = Pair(r, p.kind, method, str(spec.get("method")), float(spec["total_s"]),
                             float(plain["total_s"]), first,
@@ -227,7 +237,6 @@ def run_pairs(client: Client, prompts: Sequence[Prompt], methods: Sequence[str],
                          p.kind, method, pair.ran, pair.speedup, pair.total_s, pair.plain_s,
                          first, "" if pair.identical else " DIFFERENT")
                 pairs.append(pair)
-    return pairs
 
 
 def summarise(pairs: Sequence[Pair], methods: Sequence[str]) -> list[dict[str, Any]]:
@@ -259,6 +268,7 @@ def markdown(summary: Sequence[dict[str, Any]], pairs: Sequence[Pair], meta: dic
     lines = [f"Held-out check {meta['date']} · {meta['machine']} ({' '.join(meta['cpu_flags'])})"
              f" · `{meta['command']}` · {meta['prompts']} prompts × {meta['rounds']} round(s)"
              f" · ≤{meta['max_tokens']} new tokens · greedy · both sides cold", "",
+             *([f"**Stopped early**: {meta['stopped']}", ""] if meta.get("stopped") else []),
              "| method | overall | " + " | ".join(KINDS) + " | lowest pair | identical | ran |",
              "| --- | ---: | " + " | ".join("---:" for _ in KINDS) + " | ---: | :---: | --- |"]
     for s in summary:
@@ -304,6 +314,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = parse_args(argv)
     started = time.localtime()
+    pairs: list[Pair] = []
+    health: dict[str, Any] = {}
+    report, stopped = None, None
     try:
         prompts = load_prompts(args.prompts)
         methods = parse_methods(args.methods)
@@ -315,8 +328,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ["--profile", args.profile, *args.worker_arg], data, models))
             client = worker.wait(args.ready_timeout)
             health = client.call("GET", "/health")
-            pairs = run_pairs(client, prompts, methods, args.rounds, args.max_tokens)
-            report = client.call("GET", "/v1/speculation").get("auto")
+            try:
+                run_pairs(client, prompts, methods, args.rounds, args.max_tokens, pairs)
+                report = client.call("GET", "/v1/speculation").get("auto")
+            except HeldOutError as exc:
+                if not pairs:
+                    raise
+                stopped = str(exc)  # the finished pairs are still written
+                log.error("%s", exc)
     except HeldOutError as exc:
         log.error("%s", exc)
         return 2
@@ -325,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "command": " ".join(["python -m engine.tools.heldout",
                                  *(sys.argv[1:] if argv is None else argv)]),
             "prompts": len(prompts), "rounds": args.rounds, "max_tokens": args.max_tokens,
-            "plans": health.get("plans")}
+            "plans": health.get("plans"), "stopped": stopped}
     summary = summarise(pairs, methods)
     text = markdown(summary, pairs, meta)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -335,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
          "auto": report}, indent=1), encoding="utf-8")
     stem.with_suffix(".md").write_text(text, encoding="utf-8")
     sys.stdout.write(text)
-    return 0
+    return 0 if stopped is None else 2
 
 
 if __name__ == "__main__":
