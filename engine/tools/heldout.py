@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.paths import ASSETS, models_dir
+from engine.protocol import METHODS
 from engine.tools.bench import KINDS, machine, simd_flags
 from engine.worker.process import child_worker
 
@@ -105,15 +106,13 @@ def load_prompts(path: Path) -> list[Prompt]:
 
 
 def order(round_: int, index: int, method: str) -> tuple[str, str]:
-    """Which of the pair runs first: the method on even prompts of even rounds, and
-    speculation off first on the others (ABBA over prompts and rounds)."""
+    """The pair in the order it runs: the method first where the round plus the prompt's
+    index is even, speculation off first elsewhere (ABBA over prompts and rounds)."""
     return (method, OFF) if (round_ + index) % 2 == 0 else (OFF, method)
 
 
 def parse_methods(text: str) -> list[str]:
     """``"auto,ngram"`` -> ``["auto", "ngram"]``; ``off`` is always the other side."""
-    from engine.protocol import METHODS  # no torch
-
     methods = [m.strip() for m in text.split(",") if m.strip()]
     wrong = [m for m in methods if m == OFF or m not in ("auto", *METHODS)]
     if not methods or wrong:
