@@ -10,7 +10,6 @@ so that a test acts on a running answer however fast the machine generates.
 import contextlib
 import http.client
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.worker.hold import HOLD_ENV
-from engine.worker.process import child_worker
+from engine.worker.process import Child, child_worker
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -97,8 +96,8 @@ class Hold:
 class WorkerProcess:
     """A started worker: its address, its logs, and waiting for it."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], out: Path, err: Path) -> None:
-        self.proc, self.out, self.err = proc, out, err
+    def __init__(self, child: Child) -> None:
+        self.child, self.proc = child, child.proc
         self.port = 0
 
     @property
@@ -106,16 +105,15 @@ class WorkerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def log_tail(self, lines: int = 30) -> str:
-        return "\n".join(self.err.read_text(errors="replace").splitlines()[-lines:])
+        return self.child.tail(lines)
 
     def wait_listening(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for line in self.out.read_text().splitlines():
-                event = json.loads(line)
-                if event.get("event") == "listening":
-                    self.port = int(event["port"])
-                    return
+            port = self.child.listening_port()
+            if port is not None:
+                self.port = port
+                return
             if self.proc.poll() is not None:
                 raise AssertionError(f"worker exited ({self.proc.returncode}):\n{self.log_tail()}")
             time.sleep(0.05)
@@ -138,6 +136,6 @@ def start_worker(args: list[str], log_dir: Path,
     """Start ``python -m engine.worker --port 0 ARGS`` (held at ``hold``) and stop it
     afterwards."""
     with child_worker(args, log_dir, env=hold.env if hold else None, cwd=REPO) as child:
-        worker = WorkerProcess(child.proc, child.out, child.err)
+        worker = WorkerProcess(child)
         worker.wait_listening()
         yield worker

@@ -32,10 +32,10 @@ import contextlib
 import http.client
 import json
 import logging
-import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -44,7 +44,7 @@ from typing import Any
 from engine.paths import ASSETS, models_dir
 from engine.protocol import METHODS
 from engine.tools.bench import KINDS, machine, simd_flags
-from engine.worker.process import child_worker
+from engine.worker.process import Child, child_worker
 
 log = logging.getLogger(__name__)
 
@@ -152,30 +152,26 @@ class Client:
 
 @dataclass
 class Worker:
-    proc: "subprocess.Popen[bytes]"
-    out: Path
-    err: Path
+    child: Child
     port: int = 0
 
-    def tail(self, lines: int = 30) -> str:
-        text = self.err.read_text(errors="replace") if self.err.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
-
     def _alive(self) -> None:
-        if self.proc.poll() is not None:
-            raise HeldOutError(f"the worker exited ({self.proc.returncode}):\n{self.tail()}")
+        proc = self.child.proc
+        if proc.poll() is not None:
+            raise HeldOutError(f"the worker exited ({proc.returncode}):\n{self.child.tail()}")
 
     def wait(self, timeout: float) -> Client:
         """Wait until it listens, has loaded and has calibrated the machine."""
         deadline = time.monotonic() + timeout
         while not self.port:
             self._alive()
-            for line in self.out.read_text(errors="replace").splitlines():
-                with contextlib.suppress(ValueError):
-                    event = json.loads(line)
-                    if isinstance(event, dict) and event.get("event") == "listening":
-                        self.port = int(event["port"])
-            self._deadline(deadline, timeout)
+            try:
+                self.port = self.child.listening_port() or 0
+            except (ValueError, AttributeError) as exc:
+                raise HeldOutError(f"the worker printed something other than its events: "
+                                   f"{exc}\n{self.child.tail()}") from None
+            if not self.port:
+                self._deadline(deadline, timeout)
         client = Client(self.port)
         while True:
             self._alive()
@@ -193,7 +189,7 @@ class Worker:
     def _deadline(self, deadline: float, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise HeldOutError(f"the worker was not ready and calibrated within {timeout:.0f} s:"
-                               f"\n{self.tail()}")
+                               f"\n{self.child.tail()}")
         time.sleep(0.5)
 
 
@@ -207,7 +203,7 @@ def fresh_worker(worker_args: Sequence[str], data: Path, models: Path) -> Iterat
         link.symlink_to(models.resolve(), target_is_directory=True)
     with child_worker(["--data-dir", str(data), *worker_args], data,
                       env={"HF_HUB_OFFLINE": "1"}, stop_s=30.0) as child:
-        yield Worker(child.proc, child.out, child.err)
+        yield Worker(child)
 
 
 def run_pairs(client: Client, prompts: Sequence[Prompt], methods: Sequence[str],
@@ -218,10 +214,9 @@ def run_pairs(client: Client, prompts: Sequence[Prompt], methods: Sequence[str],
     for r in range(rounds):
         for i, p in enumerate(prompts):
             for method in methods:
-                first = order(r, i, method)[0]
+                sides = order(r, i, method)
                 try:
-                    got = {m: client.answer(p.prompt, m, max_tokens)
-                           for m in order(r, i, method)}
+                    got = {m: client.answer(p.prompt, m, max_tokens) for m in sides}
                 except (HeldOutError, OSError, http.client.HTTPException, KeyError,
                         TypeError, ValueError) as exc:
                     raise HeldOutError(f"round {r}, prompt {i} ({p.kind}), {method}: the "
@@ -229,12 +224,12 @@ def run_pairs(client: Client, prompts: Sequence[Prompt], methods: Sequence[str],
                                        ) from None
                 spec, plain = got[method]["spec"], got[OFF]["spec"]
                 pair = Pair(r, p.kind, method, str(spec.get("method")), float(spec["total_s"]),
-                            float(plain["total_s"]), first,
+                            float(plain["total_s"]), sides[0],
                             got[method]["ids"] == got[OFF]["ids"], len(got[method]["ids"]),
                             spec.get("mean_accepted_length"))
                 log.info("%-15s %-8s ran %-13s %.2fx (%.1f s against %.1f s, %s first)%s",
                          p.kind, method, pair.ran, pair.speedup, pair.total_s, pair.plain_s,
-                         first, "" if pair.identical else " DIFFERENT")
+                         sides[0], "" if pair.identical else " DIFFERENT")
                 pairs.append(pair)
 
 
@@ -251,9 +246,7 @@ def summarise(pairs: Sequence[Pair], methods: Sequence[str]) -> list[dict[str, A
             if of_kind:
                 kinds[kind] = (sum(p.plain_s for p in of_kind) / sum(p.total_s for p in of_kind))
         lowest = min(own, key=lambda p: p.speedup)
-        ran: dict[str, int] = {}
-        for p in own:
-            ran[p.ran] = ran.get(p.ran, 0) + 1
+        ran = dict(Counter(p.ran for p in own))
         out.append({"method": method,
                     "overall": sum(p.plain_s for p in own) / sum(p.total_s for p in own),
                     "kinds": kinds, "lowest": lowest.speedup, "lowest_kind": lowest.kind,

@@ -3,11 +3,13 @@
 Contract: :func:`child_worker` starts the worker with this interpreter, its standard output
 (where it prints its ``listening`` event, with the port it got) and standard error written
 to ``worker.out`` and ``worker.err`` in ``log_dir``, and when the block ends stops it
-(SIGTERM, then SIGKILL). Used by the held-out check (:mod:`engine.tools.heldout`) and the
+(SIGTERM, then SIGKILL). The :class:`Child` it yields reads the port the worker got and
+the tail of its log. Used by the held-out check (:mod:`engine.tools.heldout`) and the
 tests; it imports nothing of the engine.
 """
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -21,6 +23,20 @@ class Child:
     proc: "subprocess.Popen[bytes]"
     out: Path  # its standard output: one JSON event per line
     err: Path  # its log
+
+    def listening_port(self) -> int | None:
+        """The port of its ``listening`` event, once it has printed one (its standard
+        output holds nothing but JSON events: any other line raises ``ValueError``)."""
+        for line in self.out.read_text(errors="replace").splitlines():
+            event = json.loads(line)
+            if event.get("event") == "listening":
+                return int(event["port"])
+        return None
+
+    def tail(self, lines: int = 30) -> str:
+        """The last ``lines`` of its log."""
+        text = self.err.read_text(errors="replace") if self.err.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
 
 
 @contextlib.contextmanager
