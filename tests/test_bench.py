@@ -84,6 +84,27 @@ def test_markdown_reports_rows_kinds_costs_and_ceiling() -> None:
     assert "What auto ran, per prompt: summary: suffix." in text
 
 
+def test_the_ceiling_is_the_read_rate_against_plain_after_the_first_token() -> None:
+    meta = {"copy_gb_s": 30.0, "weight_gb": 1.0, "ceiling_tps": 30.0,
+            "plain_pct_of_ceiling": 50.0}
+    old = bench.ceiling_line(meta)  # a run from before the read rate: its copy figures
+    assert "30.0 GB/s copy" in old and "reaches 50 %" in old
+    meta |= {"read_gb_s": 20.0, "read_ceiling_tps": 20.0, "plain_generation_tps": 17.0,
+             "plain_generation_pct_of_read": 85.0}
+    line = bench.ceiling_line(meta)
+    assert "reading 20.0 GB/s" in line and "= 20.00 tok/s" in line
+    assert "after the first token (17.00 tok/s) reaches 85 %" in line
+    assert "a copy moves 30.0 GB/s" in line
+    meta["plain_generation_tps"] = meta["plain_generation_pct_of_read"] = None
+    assert "reaches" not in bench.ceiling_line(meta)  # no first-token times: no share
+
+
+def test_read_bandwidth_counts_the_bytes_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks = iter(0.5 * i for i in range(10))  # every reading of the clock: half a second on
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(ticks))
+    assert bench.read_bandwidth(megabytes=1) == (1 << 20) / 0.5  # 1 MiB in each half second
+
+
 def test_weight_bytes_count_quantized_buffers_and_skip_an_untied_embedding() -> None:
     model = tiny_loaded(dtype=torch.float32).model
     embedding = model.get_input_embeddings().weight
