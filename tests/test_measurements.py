@@ -58,6 +58,28 @@ def test_a_held_out_check_gets_its_line(tmp_path: Path) -> None:
     assert "(bench/heldout-appliance-20261203-2200.md)" in line
 
 
+def test_a_benchmark_run_gets_its_line_and_the_read_share_where_measured(
+        tmp_path: Path) -> None:
+    meta = {"date": "2026-12-04 03:00", "machine": "AMD EPYC, 2 threads", "cpu_flags": ["avx2"],
+            "command": "python -m engine.bench --per-kind 4", "prompts": 16, "max_tokens": 128,
+            "kernels": "avx2", "verify_cost_s": {"1": 0.05, "4": 0.0875, "8": 0.15}}
+    summary = [{"row": "plain (ours)", "kind": "overall", "speedup": 1.0, "tokens_per_s": 12.5,
+                "identical": "16/16"},
+               {"row": "auto (the default)", "kind": "overall", "speedup": 1.24,
+                "tokens_per_s": 15.5, "identical": "16/16"},
+               {"row": "auto (the default)", "kind": "summary", "speedup": 1.33,
+                "tokens_per_s": 16.0, "identical": "4/4"}]
+    path = tmp_path / "bench-appliance-20261204-0300.json"
+    path.write_text(json.dumps({"meta": meta, "summary": summary, "rows": []}))
+    (line,) = runs(tmp_path)
+    assert ("16 prompts, ≤128 new tokens, kernels avx2; plain (ours) 12.50 tok/s; auto (the "
+            "default) 1.24×; t(4)/t(1) 1.75, t(8)/t(1) 3.00; identical 16/16") in line
+    meta["plain_generation_pct_of_read"] = 68.4  # runs since the read rate was measured
+    path.write_text(json.dumps({"meta": meta, "summary": summary, "rows": []}))
+    (line,) = runs(tmp_path)
+    assert "plain (ours) 12.50 tok/s (68 % of the read ceiling after the first token);" in line
+
+
 def test_check_fails_on_a_stale_index_and_writing_fixes_it(tmp_path: Path) -> None:
     doc = tmp_path / "measurements.md"
     doc.write_text(DOC)

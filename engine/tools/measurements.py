@@ -63,7 +63,9 @@ def _bench_line(data: dict[str, Any]) -> str:
     parts = [f"{meta.get('prompts', '?')} prompts, ≤{meta.get('max_tokens', '?')} new tokens, "
              f"kernels {meta.get('kernels') or 'none'}"]
     if plain is not None:
-        parts.append(f"{plain['row']} {plain['tokens_per_s']:.2f} tok/s")
+        share = meta.get("plain_generation_pct_of_read")
+        parts.append(f"{plain['row']} {plain['tokens_per_s']:.2f} tok/s" + (
+            "" if share is None else f" ({share:.0f} % of the read ceiling after the first token)"))
     if rows:
         parts.append(rows)
     if ratios:
