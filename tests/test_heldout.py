@@ -15,6 +15,7 @@ from engine.tools.heldout import (
     Pair,
     Prompt,
     load_prompts,
+    markdown,
     order,
     parse_methods,
     run_pairs,
@@ -73,8 +74,24 @@ def test_each_side_goes_first_as_often_over_prompts_and_rounds() -> None:
     assert all(sorted(order(r, i, "ngram")) == ["ngram", "off"] for r in range(2) for i in range(3))
 
 
+META = {"date": "2026-12-04 03:00", "machine": "m", "cpu_flags": ["avx2"], "command": "c",
+        "prompts": 1, "rounds": 1, "max_tokens": 8}
+
+
 def pair(kind: str, method: str, ran: str, total: float, plain: float, same: bool = True) -> Pair:
     return Pair(0, kind, method, ran, total, plain, method, same, 10, 1.5)
+
+
+def test_a_pair_says_where_each_answer_spent_its_time() -> None:
+    p = Pair(0, "summary", "auto", "ngram", 3.0, 4.0, "auto", True, 11, 2.5,
+             first_token_s=1.0, plain_first_token_s=1.5, passes=5, plain_passes=11)
+    assert p.pass_ms == (500.0, 250.0)  # (3.0 - 1.0) / 4 and (4.0 - 1.5) / 10 after the first
+    line = next(x for x in markdown(summarise([p], ["auto"]), [p], META).splitlines()
+                if x.startswith("| 0 |"))
+    assert "| 1.00 / 1.50 | 500 / 250 | yes |" in line
+    unknown = pair("summary", "auto", "ngram", 3.0, 4.0)  # a worker that did not say
+    assert unknown.pass_ms == (None, None)
+    assert "| – / – | – / – |" in markdown(summarise([unknown], ["auto"]), [unknown], META)
 
 
 def test_the_summary_sums_times_per_method_and_kind() -> None:
@@ -135,6 +152,11 @@ def test_a_whole_check_against_a_fresh_worker(tmp_path: Path) -> None:
     assert all(p["identical"] for p in pairs)  # tiny models, greedy: the same ids
     assert {p["first"] for p in pairs if p["method"] == "auto"} == {"auto", "off"}
     assert all(p["total_s"] > 0 and p["plain_s"] > 0 for p in pairs)
+    for p in pairs:  # where each answer's time went, from the worker's own figures
+        assert 0 < p["first_token_s"] < p["total_s"] and 0 < p["plain_first_token_s"] < p["plain_s"]
+        # plain: a pass a token (the first token's too), and one for an end token if any
+        assert p["plain_passes"] in (p["tokens"], p["tokens"] + 1)
+        assert 0 < p["passes"] <= p["plain_passes"]
     assert {p["ran"] for p in pairs if p["method"] == "ngram"} == {"ngram"}
     assert [s["method"] for s in data["summary"]] == ["auto", "ngram"]
     assert data["meta"]["plans"]["target"]["backend"] in ("native", "reference")

@@ -16,7 +16,10 @@ speculation off. Both answers of a pair:
   (``--rounds``), so a slow spell of the shared machine falls on both alike.
 
 Per pair: the method that ran, both answers' times from request to last token (the
-worker's ``total_s``), their ratio and whether the token ids are equal. Per method:
+worker's ``total_s``), their ratio, whether the token ids are equal, and where each
+answer's time went: the seconds to its first token (the same cold prompt read on both
+sides, so a difference is the machine's speed moving between them) and the milliseconds
+of a target pass after it. Per method:
 overall (the plain answers' time over the method's), per kind, the lowest pair, the
 identical count, and what ``auto`` ran. The worker's answers keep teaching its ``auto``
 as they would in an office. Writes ``heldout-<profile>-<date>.json`` and ``.md`` into
@@ -76,10 +79,32 @@ class Pair:
     identical: bool
     tokens: int
     tokens_per_pass: float | None
+    # where each answer's time went (None where the worker did not say): the seconds to
+    # its first token, the target reading the same prompt on both sides (both are cold),
+    # so two that differ show the machine's speed moving between them; and its target
+    # passes, the one that gave the first token included
+    first_token_s: float | None = None
+    plain_first_token_s: float | None = None
+    passes: int = 0
+    plain_passes: int = 0
 
     @property
     def speedup(self) -> float:
         return self.plain_s / self.total_s if self.total_s > 0 else 0.0
+
+    @property
+    def pass_ms(self) -> tuple[float | None, float | None]:
+        """Milliseconds a pass after the first token, the method's and plain's."""
+        return (per_pass(self.total_s, self.first_token_s, self.passes),
+                per_pass(self.plain_s, self.plain_first_token_s, self.plain_passes))
+
+
+def per_pass(total_s: float, first_token_s: float | None, passes: int) -> float | None:
+    """The time after the first token over the passes after it (the worker counts the
+    pass that gave the first token among its ``passes``)."""
+    if first_token_s is None or passes <= 1:
+        return None
+    return 1000 * (total_s - first_token_s) / (passes - 1)
 
 
 def load_prompts(path: Path) -> list[Prompt]:
@@ -226,7 +251,9 @@ def run_pairs(client: Client, prompts: Sequence[Prompt], methods: Sequence[str],
                 pair = Pair(r, p.kind, method, str(spec.get("method")), float(spec["total_s"]),
                             float(plain["total_s"]), sides[0],
                             got[method]["ids"] == got[OFF]["ids"], len(got[method]["ids"]),
-                            spec.get("mean_accepted_length"))
+                            spec.get("mean_accepted_length"),
+                            spec.get("time_to_first_token_s"), plain.get("time_to_first_token_s"),
+                            int(spec.get("passes") or 0), int(plain.get("passes") or 0))
                 log.info("%-15s %-8s ran %-13s %.2fx (%.1f s against %.1f s, %s first)%s",
                          p.kind, method, pair.ran, pair.speedup, pair.total_s, pair.plain_s,
                          sides[0], "" if pair.identical else " DIFFERENT")
@@ -270,14 +297,24 @@ def markdown(summary: Sequence[dict[str, Any]], pairs: Sequence[Pair], meta: dic
                      f"({s['lowest_kind']}, {s['lowest_ran']}) | {s['identical']}/{s['pairs']}"
                      f" | {ran} |")
     lines += ["", "| round | kind | method | ran | first | seconds | plain seconds | speedup"
-              " | tokens | tokens/pass | identical |",
-              "| ---: | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | :---: |"]
+              " | tokens | tokens/pass | first token s³ | ms a pass³ | identical |",
+              "| ---: | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+              "| :---: |"]
     for p in pairs:
         tpp = "–" if p.tokens_per_pass is None else f"{p.tokens_per_pass:.2f}"
         lines.append(f"| {p.round} | {p.kind} | {p.method} | {p.ran} | {p.first} | "
                      f"{p.total_s:.2f} | {p.plain_s:.2f} | {p.speedup:.2f}× | {p.tokens} | {tpp}"
-                     f" | {'yes' if p.identical else 'NO'} |")
+                     f" | {both((p.first_token_s, p.plain_first_token_s), '.2f')}"
+                     f" | {both(p.pass_ms, '.0f')} | {'yes' if p.identical else 'NO'} |")
+    lines += ["", "³ the method's answer / plain's. Both read the same prompt cold before their "
+              "first token, so two first-token times that differ show the machine's speed "
+              "moving between the two answers; a pass is the target's after the first token "
+              "(plain's: one token)."]
     return "\n".join(lines) + "\n"
+
+
+def both(values: tuple[float | None, float | None], spec: str) -> str:
+    return " / ".join("–" if v is None else format(v, spec) for v in values)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
