@@ -435,16 +435,21 @@ def variants_markdown(throughput: dict[str, dict[int, float]],
     return "\n".join(lines) + "\n"
 
 
+def fastest_s(op: Callable[[], object], times: int = 5) -> float:
+    """The shortest of ``times`` timings of ``op()``, in seconds."""
+    best = float("inf")
+    for _ in range(times):
+        start = time.perf_counter()
+        op()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def copy_bandwidth(megabytes: int = 256) -> float:
     """Bytes moved per second (read + write) copying a large buffer, best of 5."""
     src = torch.ones(megabytes << 18)  # float32: 4 bytes each
     dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - start)
-    return 2 * src.numel() * 4 / best
+    return 2 * src.numel() * 4 / fastest_s(lambda: dst.copy_(src))
 
 
 def read_bandwidth(megabytes: int = 256) -> float:
@@ -452,12 +457,7 @@ def read_bandwidth(megabytes: int = 256) -> float:
     to the weights (it reads them and writes next to nothing), so the ceiling of plain
     decoding is this over the weight bytes per token, not a copy's rate."""
     src = torch.ones(megabytes << 18)  # float32: 4 bytes each
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        src.sum()
-        best = min(best, time.perf_counter() - start)
-    return src.numel() * 4 / best
+    return src.numel() * 4 / fastest_s(src.sum)
 
 
 def ceiling_line(meta: dict[str, Any]) -> str:
