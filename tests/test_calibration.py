@@ -516,3 +516,12 @@ def test_auto_tries_a_close_runner_up_once_and_then_goes_by_what_it_showed() -> 
     observed.record("hybrid", "code", Seen(answers=1.0, tokens=512, cost=512 / 1.2), 100, 256)
     then = choose(predict(cal, observed, ["hybrid-eagle", "hybrid"], "code", 8), "code")
     assert then.method == "hybrid-eagle"
+
+
+def test_a_policy_starts_from_the_drafter_s_measured_costs() -> None:
+    measured = calibration(step={"eagle": 0.08}, read={"eagle": 0.007})
+    policy = measured.policy("eagle", max_gamma=4)
+    assert policy.t1 == 0.05 and policy.draft_cost == pytest.approx(0.004)
+    assert policy.read_share == 0.007  # a probe's catch-up is costed from it
+    assert set(policy.ratio) == {2, 3, 4, 5}  # sizes beyond max_gamma + 1 left out
+    assert measured.policy("ngram", max_gamma=4).read_share is None

@@ -11,13 +11,17 @@ from engine.spec.drafters.hybrid import HybridDrafter
 from engine.spec.drafters.ngram import NgramDrafter
 from engine.spec.drafters.suffix import SuffixDrafter
 from engine.spec.policy import (
+    NEVER,
+    PAIRED,
     PROBE_SHARE,
     SHARED_SLACK,
+    SPIKE,
     DraftPolicy,
     PartPolicies,
     Policy,
     choose_gamma,
     expected_tokens,
+    probe_cooldown,
 )
 from engine.spec.runner import ModelRunner
 from engine.spec.sampling import SamplingParams
@@ -194,11 +198,12 @@ def ratio(k: int) -> float:
 
 
 def simulate(policy: DraftPolicy, passes: int, accepts: bool, step: float,
-             catch_up_cost: float = 0.0) -> tuple[list[int], float, int]:
+             catch_up_cost: float = 0.0, catch_up_call: float = 0.0
+             ) -> tuple[list[int], float, int]:
     """Run ``passes`` passes at t(1) = 1 s: a drafter whose drafts are all accepted or all
-    rejected, ``step`` s a draft step, and ``catch_up_cost`` s per token it skipped (a
-    model drafter reading what the plain passes produced). Returns the draft lengths, the
-    seconds spent and the tokens produced."""
+    rejected, ``step`` s a draft step, and ``catch_up_cost`` s per token it skipped plus
+    ``catch_up_call`` s once (a model drafter reading what the plain passes produced in
+    one call). Returns the draft lengths, the seconds spent and the tokens produced."""
     gammas, seconds, tokens, skipped = [], 0.0, 0, 0
     for _ in range(passes):
         gamma = policy.next_gamma(room=10_000)
@@ -209,7 +214,7 @@ def simulate(policy: DraftPolicy, passes: int, accepts: bool, step: float,
             seconds, tokens = seconds + 1.0, tokens + 1
             continue
         accepted = gamma if accepts else 0
-        draft_s = gamma * step + skipped * catch_up_cost
+        draft_s = gamma * step + skipped * catch_up_cost + (catch_up_call if skipped else 0.0)
         verify_s = ratio(gamma + 1)
         policy.update(gamma, accepted, draft_s, verify_s, catch_up=skipped + 1)
         skipped = 0
@@ -249,6 +254,58 @@ def test_probing_a_drafter_that_never_pays_costs_under_two_percent(
         assert probes >= 5  # it keeps probing all the same
     else:  # re-reading the skipped text alone would cost more: no probe until next answer
         assert probes == 0
+
+
+@pytest.mark.parametrize("calibrated_read", [False, True])
+def test_a_cheap_reading_with_a_dear_call_keeps_being_probed(calibrated_read: bool) -> None:
+    # an EAGLE head: a token read costs 0.5 % of a step, but each catch-up call costs a
+    # tenth of a step on top, which a probe after a short wait spreads over few tokens
+    policy = calibrated(0.05)
+    if calibrated_read:
+        policy.read_share = 0.005  # what the calibration measured over a long context
+    gammas, seconds, tokens = simulate(policy, 2000, accepts=False, step=0.05,
+                                       catch_up_cost=0.005, catch_up_call=0.1)
+    probes = sum(g > 0 for g in gammas[100:])
+    if calibrated_read:
+        assert probes >= 5  # waits long enough to spread the call, then probes again
+        assert seconds <= 1.02 * tokens
+    else:  # the first probe's reading, 0.1 s over 4 tokens, reads as dear as a model's
+        assert probes == 0
+
+
+def test_the_cooldown_spreads_a_known_reading_and_the_call_overhead_apart() -> None:
+    # 8 tokens skipped; 0.3 s of reading beyond the one draft step: 0.02 s a token by
+    # the probe's own figure (never probed again), 0.005 a token and 0.26 s of call by the
+    # calibration's
+    assert probe_cooldown(1.0, 0.05, 1, 0, 0.35, 1.1, catch_up=9) == NEVER
+    wait = probe_cooldown(1.0, 0.05, 1, 0, 0.35, 1.1, catch_up=9, read=0.005)
+    fixed = 0.05 + (0.3 - 8 * 0.005) + 1.1 - 1.0  # drafting, the call, the extra row
+    assert wait == pytest.approx(fixed / (PROBE_SHARE - 0.005), abs=1)
+
+
+def test_a_ratio_measured_right_after_a_plain_pass_weighs_more() -> None:
+    policy = DraftPolicy.calibrated(1.0, {2: 1.0}, 0.05)
+    for _ in range(10):  # a slow spell during a stretch of drafting: read as dearer rows
+        policy.update(1, 1, 0.05, 1.5)
+    inflated = policy.ratio[2]
+    assert inflated > 1.3
+    policy.update(0, 0, 0.0, 1.5)  # a plain pass: t(1) of this moment
+    policy.update(1, 1, 0.05, 1.5)  # and a pass right after it: the two pair
+    paired = (1 - PAIRED) * inflated + PAIRED * 1.5 / policy.t1
+    assert policy.ratio[2] == pytest.approx(paired)
+    policy.update(1, 1, 0.05, 1.5)  # the next is against the same t(1), no longer paired
+    assert policy.ratio[2] == pytest.approx(0.85 * paired + 0.15 * 1.5 / policy.t1)
+
+
+def test_a_stalled_pass_moves_the_costs_by_at_most_a_spike() -> None:
+    policy = DraftPolicy.calibrated(0.05, {2: 1.05}, 0.004)
+    policy.update(1, 1, 0.004, 0.2)  # the machine stalled: four times t(2)
+    assert policy.ratio[2] == pytest.approx(0.85 * 1.05 + 0.15 * 1.05 * SPIKE)
+    policy.update(0, 0, 0.0, 0.5)  # and a plain pass ten times as long
+    assert policy.t1 == pytest.approx(0.85 * 0.05 + 0.15 * 0.05 * SPIKE)
+    for _ in range(30):  # a lasting change is followed all the same
+        policy.update(1, 1, 0.004, 0.1)
+    assert policy.ratio[2] * policy.t1 == pytest.approx(0.1, rel=0.01)
 
 
 def test_a_probe_that_is_accepted_brings_drafting_back() -> None:

@@ -205,7 +205,8 @@ class Calibration:
     def policy(self, drafter: str, max_gamma: int) -> DraftPolicy:
         """An adaptive policy starting from these figures for ``drafter``."""
         ratios = {k: r for k, r in self.ratios.items() if k <= max_gamma + 1}
-        return DraftPolicy.calibrated(self.t1, ratios, self.step_s(drafter), max_gamma)
+        return DraftPolicy.calibrated(self.t1, ratios, self.step_s(drafter), max_gamma,
+                                      self.read.get(drafter))
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

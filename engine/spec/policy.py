@@ -16,7 +16,9 @@ then probes again. ``c`` is measured per draft step: a pass whose drafter first 
 catch up with more context than the previous pass produced (after plain passes, or
 after a lookup drafted for the hybrid) says nothing about the cost of a step and is not
 counted. ``t(k)`` is kept as the ratio ``t(k) / t(1)`` to the ``t(1)`` of the same
-period (a slow spell of the shared machine moves both), and the share of an asked
+period (a slow spell of the shared machine moves both; a ratio measured right after a
+plain pass pairs two neighbours and weighs more, so a probe corrects a ratio that a
+slow spell inflated during a long stretch of drafting), and the share of an asked
 length a drafter really drafts (it stops early when unsure) scales the expected draft
 length. A new answer starts from part of the previous answers' acceptance, so one
 unlucky first pass does not switch drafting off. All functions are pure or depend
@@ -44,7 +46,10 @@ produced is measured, and the next cool-down lasts at least that excess divided 
 ``PROBE_SHARE`` plain passes (:func:`probe_cooldown`), so the probes of a drafter that
 never pays cost at most ``PROBE_SHARE`` of plain decoding's time over a long answer; a
 model drafter whose reading of the skipped text alone costs more is not probed again
-until the next answer.
+until the next answer. Where the calibration measured that reading per token over a
+long context, the policy takes it from there (one short catch-up, with its call's
+overhead spread over a few tokens or slowed by the machine, reads dearer per token), so
+one probe does not end probing for a drafter whose reading is cheap.
 
 A drafter made of parts (the hybrid: a lookup where it finds one, else a model) gets a
 :class:`PartPolicies`: one :class:`DraftPolicy` per part, so each part has its own
@@ -65,6 +70,9 @@ PRIOR_SLOPE = 0.15  # assumed extra cost per extra verified token, relative to t
 FAST_DECAY = 0.5  # the same for the fast estimate that switches drafting off quickly
 MIN_COOLDOWN, MAX_COOLDOWN = 4, 64
 CARRY = 0.6  # share of the acceptance evidence a new answer keeps from the earlier ones
+# weight of a t(k) / t(1) measured right after a plain pass, against the running ratio
+PAIRED = 0.4
+SPIKE = 1.25  # the most one pass's time may say beyond the running estimate (a factor)
 # The most of plain decoding's time that probing a drafter that does not pay may cost:
 # half of the 1 - 0.98 allowance of "never slower than plain", the other half is left
 # for the passes that detect the change and for noise. A goal, not a measured figure.
@@ -79,6 +87,14 @@ def within_slack(cost: float, shared: float, others: int) -> bool:
     """Whether a pass of ``cost`` with one answer's drafts may run beside ``others``
     answers whose pass would cost ``shared`` without them (always, alone)."""
     return not others or cost <= (1 + SHARED_SLACK) * shared
+
+
+def within(sample: float, running: float) -> float:
+    """``sample`` held to ``running / SPIKE .. running * SPIKE``: a pass that a shared
+    machine stalled (twice as long now and then) moves a running estimate by no more than
+    a pass ``SPIKE`` times as long, where a mean would take it for dearer rows and switch
+    drafting off; a lasting change still moves it, a few passes later."""
+    return min(max(sample, running / SPIKE), running * SPIKE)
 
 
 def expected_tokens(alpha: float, gamma: float) -> float:
@@ -145,16 +161,23 @@ def choose_gamma(
 
 
 def probe_cooldown(t1: float, step: float, drafted: int, accepted: int, draft_s: float,
-                   verify_s: float, catch_up: int) -> int:
+                   verify_s: float, catch_up: int, read: float | None = None) -> int:
     """Plain passes to wait before the next probe so that probing costs at most
     ``PROBE_SHARE`` of plain decoding's time. A probe costs its drafts and verification
     beyond what plain decoding takes for the tokens it produced (a fixed excess) plus a
-    model drafter's reading of what it skipped (``catch_up`` tokens: an excess per plain
-    pass waited). When that reading alone costs ``PROBE_SHARE`` of a pass, no wait
-    suffices: the drafter is not probed again in this answer (a huge cool-down)."""
+    model drafter's reading of the ``catch_up - 1`` tokens it skipped: ``read`` s per
+    token where the caller knows it (the calibration's measurement over a long context),
+    an excess per plain pass waited, and the rest of this probe's reading (a call's own
+    overhead) fixed; else all of this probe's reading per skipped token. When the reading
+    per token alone costs ``PROBE_SHARE`` of a pass, no wait suffices: the drafter is not
+    probed again in this answer (a huge cool-down)."""
     drafting = drafted * step
-    reading = max(0.0, draft_s - drafting) / max(1, catch_up - 1) / t1  # per skipped token
-    fixed = max(0.0, drafting + verify_s - (accepted + 1) * t1) / t1
+    skipped = max(1, catch_up - 1)
+    took = max(0.0, draft_s - drafting)  # reading what it skipped
+    per_token = took / skipped if read is None else read
+    rest = max(0.0, took - per_token * skipped)
+    reading = per_token / t1
+    fixed = max(0.0, drafting + rest + verify_s - (accepted + 1) * t1) / t1
     if reading >= PROBE_SHARE:
         return NEVER
     return math.ceil(fixed / (PROBE_SHARE - reading))
@@ -189,15 +212,19 @@ class DraftPolicy:
     others: int = 0  # answers sharing the coming pass (set by the loop; 0 when alone)
     others_rows: int = 0  # their rows in it
     yielded: bool = False  # whether the last next_gamma() gave the pass to the others' rows
+    read_share: float | None = None  # a token the drafter reads, in t(1) (calibrated)
+    t1_fresh: bool = False  # the pass before was plain: it measured t(1) just now
 
     @classmethod
     def calibrated(cls, t1: float, ratios: dict[int, float], draft_cost: float | None,
-                   max_gamma: int = 8) -> "DraftPolicy":
+                   max_gamma: int = 8, read_share: float | None = None) -> "DraftPolicy":
         """A policy that starts from measured figures: ``t1`` seconds of a one-token
         forward, ``ratios`` ``t(k) / t(1)``, ``draft_cost`` seconds per draft step (None:
-        measured on the first draft pass)."""
+        measured on the first draft pass), ``read_share`` the drafter's reading of a
+        token in ``t(1)`` s (None: each probe's own reading)."""
         policy = cls(max_gamma=max_gamma)
         policy.t1, policy.ratio, policy.draft_cost = t1, dict(ratios), draft_cost
+        policy.read_share = read_share
         return policy
 
     def select(self, part: str | None) -> "DraftPolicy":
@@ -215,6 +242,7 @@ class DraftPolicy:
         self.probe = self.probing = False
         self.min_cooldown = 0
         self.last_yield = 1
+        self.t1_fresh = False
 
     @property
     def alpha(self) -> float:
@@ -298,9 +326,16 @@ class DraftPolicy:
         return gamma
 
     def _measured(self, fed: int, seconds: float) -> None:
-        """Fold one verification's time into ``t1`` or the ratio for ``fed`` tokens."""
+        """Fold one verification's time into ``t1`` or the ratio for ``fed`` tokens. A
+        ratio taken right after a plain pass pairs two neighbours (as the calibration's
+        do) and weighs ``PAIRED``; one taken after a stretch of draft passes divides by a
+        ``t(1)`` of an earlier moment (a slow spell meanwhile reads as dearer rows) and
+        weighs ``1 - DECAY``. A pass the machine stalled counts as at most ``SPIKE`` times
+        the running figure (see :func:`within`)."""
+        fresh, self.t1_fresh = self.t1_fresh, fed == 1
         if fed == 1:
-            self.t1 = seconds if self.t1 is None else DECAY * self.t1 + (1 - DECAY) * seconds
+            self.t1 = seconds if self.t1 is None else (
+                DECAY * self.t1 + (1 - DECAY) * within(seconds, self.t1))
             for k, raw in self.unscaled.items():  # measured before t(1) was known
                 self.ratio.setdefault(k, raw / self.t1)
             self.unscaled.clear()
@@ -309,7 +344,9 @@ class DraftPolicy:
         else:
             old = self.ratio.get(fed)
             now = seconds / self.t1
-            self.ratio[fed] = now if old is None else DECAY * old + (1 - DECAY) * now
+            weight = PAIRED if fresh else 1 - DECAY
+            self.ratio[fed] = now if old is None else (
+                (1 - weight) * old + weight * within(now, old))
 
     def update(self, drafted: int, accepted: int, draft_s: float, verify_s: float,
                catch_up: int = 0) -> None:
@@ -318,10 +355,14 @@ class DraftPolicy:
         with other answers (``others``) says nothing about ``t(k)`` and is not timed."""
         if not self.others:
             self._measured(drafted + 1, verify_s)
+        else:
+            self.t1_fresh = False
         last_yield, self.last_yield = self.last_yield, accepted + 1
         if self.probing and self.t1 is not None and drafted > 0:
             self.min_cooldown = probe_cooldown(self.t1, self.draft_cost or 0.0, drafted,
-                                               accepted, draft_s, verify_s, catch_up)
+                                               accepted, draft_s, verify_s, catch_up,
+                                               None if self.read_share is None
+                                               else self.read_share * self.t1)
         self.probing = False
         if self.last_asked > 0 and drafted > 0:  # (a lookup that found nothing: no draft)
             self.asked = DECAY * self.asked + self.last_asked
@@ -370,7 +411,7 @@ class PartPolicies:
         policy = self.parts.get(part or "") or self.dearest
         if policy is not self.active:
             if self.active.t1 is not None:
-                policy.t1 = self.active.t1
+                policy.t1, policy.t1_fresh = self.active.t1, self.active.t1_fresh
             self.active = policy
         return policy
 
