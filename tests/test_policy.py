@@ -1,6 +1,7 @@
 """Adaptive draft length and automatic switch-off, on synthetic costs."""
 
 import itertools
+import random
 from collections.abc import Callable
 
 import pytest
@@ -290,6 +291,7 @@ def test_a_ratio_measured_right_after_a_plain_pass_weighs_more() -> None:
     inflated = policy.ratio[2]
     assert inflated > 1.3
     policy.update(0, 0, 0.0, 1.5)  # a plain pass: t(1) of this moment
+    assert policy.t1 is not None
     policy.update(1, 1, 0.05, 1.5)  # and a pass right after it: the two pair
     paired = (1 - PAIRED) * inflated + PAIRED * 1.5 / policy.t1
     assert policy.ratio[2] == pytest.approx(paired)
@@ -305,7 +307,56 @@ def test_a_stalled_pass_moves_the_costs_by_at_most_a_spike() -> None:
     assert policy.t1 == pytest.approx(0.85 * 0.05 + 0.15 * 0.05 * SPIKE)
     for _ in range(30):  # a lasting change is followed all the same
         policy.update(1, 1, 0.004, 0.1)
+    assert policy.t1 is not None
     assert policy.ratio[2] * policy.t1 == pytest.approx(0.1, rel=0.01)
+
+
+def stalling(alpha: float, stall_every: int, seed: int, answers: int = 6,
+             tokens: int = 256) -> float:
+    """Speedup over plain of an EAGLE-like head (a step 0.075 t(1), reading 0.007 t(1) a
+    skipped token plus 0.1 a catch-up call, each draft accepted with chance ``alpha``) on
+    a machine whose passes jitter by ±10 % and, one in ``stall_every`` (0: never), take
+    1.8 times as long; t(1) = 1 s, the Zen 5 ratios."""
+    rng = random.Random(seed)
+
+    def slow() -> float:
+        return (1.8 if stall_every and rng.randrange(stall_every) == 0 else 1.0) * \
+            rng.uniform(0.9, 1.1)
+
+    policy = DraftPolicy.calibrated(1.0, {k: ratio(k) for k in range(2, 6)}, 0.075, 4)
+    policy.read_share = 0.007  # as the calibration measures it over a long context
+    spent, plain = 0.0, 0.0
+    for _ in range(answers):
+        policy.new_answer()
+        made = skipped = 0
+        while made < tokens:
+            gamma = policy.next_gamma(room=10_000)
+            if gamma == 0:
+                seconds = slow()
+                policy.update(0, 0, 0.0, seconds)
+                spent, made, skipped = spent + seconds, made + 1, skipped + 1
+                continue
+            accepted = 0
+            while accepted < gamma and rng.random() < alpha:
+                accepted += 1
+            draft_s = gamma * 0.075 * slow() + (0.1 + 0.007 * skipped if skipped else 0.0)
+            verify_s = ratio(gamma + 1) * slow()
+            policy.update(gamma, accepted, draft_s, verify_s, catch_up=skipped + 1)
+            spent, made, skipped = spent + draft_s + verify_s, made + accepted + 1, 0
+        plain += tokens * (1 + (0.8 / stall_every if stall_every else 0.0))
+    return plain / spent
+
+
+@pytest.mark.parametrize("alpha", [0.45, 0.6])
+def test_a_machine_that_stalls_now_and_then_keeps_a_paying_head_drafting(alpha: float) -> None:
+    steady = sum(stalling(alpha, 0, seed) for seed in range(4)) / 4
+    stalled = sum(stalling(alpha, 20, seed) for seed in range(4)) / 4
+    assert steady > 1.15
+    assert stalled >= 0.93 * steady  # (0.88 of it for alpha = 0.45 with means of the costs)
+
+
+def test_a_head_that_never_pays_costs_little_on_a_stalling_machine() -> None:
+    assert min(stalling(0.0, 20, seed) for seed in range(4)) >= 0.98
 
 
 def test_a_probe_that_is_accepted_brings_drafting_back() -> None:
