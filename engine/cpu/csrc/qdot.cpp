@@ -562,7 +562,12 @@ struct Q4KWeights {
     const float *dmin;     // [N, K / 256]
 };
 
-constexpr int Q4K_AHEAD = 32 * SUPER / 2;  // bytes of codes: 32 super-blocks
+// Bytes of codes the Q4_K loops prefetch ahead. The AVX2 loops: 16 super-blocks (2 KiB,
+// as far as the q4 and Q6_K loops look); 32 made a whole decoding step 8 % slower on the
+// AVX2-only EPYC (docs/measurements.md, 2026-12-04). The VNNI and 512-bit loops keep the
+// 32 they were timed with.
+constexpr int Q4K_AHEAD = 16 * SUPER / 2;
+constexpr int Q4K_AHEAD_WIDE = 32 * SUPER / 2;
 
 // The 8 groups' scales of a super-block, each in the two 16-bit lanes of its group.
 inline __m256i group_scales(const uint8_t *sc) {
@@ -666,9 +671,9 @@ inline void q4k_one_vnni(const QuantRows256 xq, int K, const Q4KWeights w, const
     for (int sb = 0; sb < S; ++sb) {
         const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
         const uint8_t *codes = w.codes + g0 * (GROUP / 2);
-        prefetch((const char *)codes + Q4K_AHEAD, SUPER / 2);
-        prefetch((const char *)(w.sc + g0) + Q4K_AHEAD / 16, 1);
-        prefetch((const char *)(w.mn + g0) + Q4K_AHEAD / 16, 1);
+        prefetch((const char *)codes + Q4K_AHEAD_WIDE, SUPER / 2);
+        prefetch((const char *)(w.sc + g0) + Q4K_AHEAD_WIDE / 16, 1);
+        prefetch((const char *)(w.mn + g0) + Q4K_AHEAD_WIDE / 16, 1);
         __m256i wq[8];
         for (int c = 0; c < SUPER / 64; ++c) unpack_q4_pair(codes + c * GROUP, wq[2 * c], wq[2 * c + 1]);
         const __m256 scale = _mm256_cvtepi32_ps(
@@ -727,9 +732,9 @@ inline void q4k_one_512(const QuantRows256 xq, int K, const Q4KWeights w, const 
         const bool two = sb + 1 < S;
         const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
         const uint8_t *codes = w.codes + g0 * (GROUP / 2);
-        prefetch((const char *)codes + Q4K_AHEAD, SUPER);
-        prefetch((const char *)(w.sc + g0) + Q4K_AHEAD / 16, 1);
-        prefetch((const char *)(w.mn + g0) + Q4K_AHEAD / 16, 1);
+        prefetch((const char *)codes + Q4K_AHEAD_WIDE, SUPER);
+        prefetch((const char *)(w.sc + g0) + Q4K_AHEAD_WIDE / 16, 1);
+        prefetch((const char *)(w.mn + g0) + Q4K_AHEAD_WIDE / 16, 1);
         __m512i wq[8];  // super-block sb: 0..3, sb + 1: 4..7
         for (int c = 0; c < (two ? 4 : 2); ++c) {
             const __m512i v = _mm512_loadu_si512((const void *)(codes + c * 64));
