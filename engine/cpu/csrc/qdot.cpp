@@ -563,9 +563,9 @@ struct Q4KWeights {
 };
 
 // Bytes of codes the Q4_K loops prefetch ahead. The AVX2 loops: 16 super-blocks (2 KiB,
-// as far as the q4 and Q6_K loops look); 32 made a whole decoding step 8 % slower on the
-// AVX2-only EPYC (docs/measurements.md, 2026-12-04). The VNNI and 512-bit loops keep the
-// 32 they were timed with.
+// as far as the q4 and Q6_K loops look; a longer distance slowed the one-row step on the
+// AVX2-only EPYC, see docs/measurements.md). The VNNI and 512-bit loops keep the 32 they
+// were timed with.
 constexpr int Q4K_AHEAD = 16 * SUPER / 2;
 constexpr int Q4K_AHEAD_WIDE = 32 * SUPER / 2;
 
