@@ -1,6 +1,8 @@
 """The benchmark's pure parts and one tiny end-to-end run (no timing assertions)."""
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -176,6 +178,50 @@ def test_llama_cpp_rows_are_checked_against_llama_cpp_plain() -> None:
     assert table["llama.cpp plain"]["identical"] is None  # its own reference, not ours
     assert table["llama.cpp prompt lookup k=3"]["identical"] == "1/1"
     assert table["llama.cpp prompt lookup k=3"]["speedup"] == 4.0  # speed is always vs ours
+
+
+class PrefixReusingLlama:
+    """llama-cpp-python's ``generate`` as it behaves: the ids a prompt shares with the
+    previous one's cache are not read again, even with ``reset=True``; ``reset()`` empties
+    the cache. Records how many ids each call read and answers two fixed tokens."""
+
+    def __init__(self) -> None:
+        self.cached: list[int] = []
+        self.read: list[int] = []
+
+    def reset(self) -> None:
+        self.cached = []
+
+    def generate(self, ids: list[int], **_: Any) -> Iterator[int]:
+        shared = 0
+        while shared < min(len(ids), len(self.cached)) and ids[shared] == self.cached[shared]:
+            shared += 1
+        self.read.append(len(ids) - shared)
+        self.cached = list(ids)
+        yield from (7, 8)
+
+
+def test_llama_cpp_reads_every_prompt_whole_as_our_rows_do() -> None:
+    llm = PrefixReusingLlama()
+    template = list(range(30))  # the chat template and system prompt every prompt shares
+    for question in ([100, 101], [200, 201, 202]):
+        run = bench.run_llama_cpp(llm, template + question, "free chat", frozenset({8}), 16)
+        assert run.tokens == [7] and run.first_s is not None
+    assert llm.read == [32, 33]  # without the reset the second would read only its 3 ids
+
+
+def test_the_prompt_reading_line_compares_first_tokens_with_llama_cpp() -> None:
+    ours = Row("plain (ours)", [Run("summary", [1, 2], 2.0, first_s=1.0),
+                                Run("free chat", [3, 4], 1.0, first_s=0.5)])
+    cpp = Row("llama.cpp plain", [Run("summary", [1, 2], 3.0, first_s=1.5),
+                                  Run("free chat", [3, 4], 1.0, first_s=0.75)])
+    line = bench.prompt_reading_line(bench.summarise([ours, cpp], KINDS))
+    assert line is not None
+    assert "plain (ours) 1.50 s" in line and "llama.cpp plain 2.25 s" in line
+    assert "our rate 1.50× llama.cpp's" in line
+    assert bench.prompt_reading_line(bench.summarise([ours], KINDS)) is None  # no peer
+    untimed = Row("llama.cpp plain", [Run("summary", [1, 2], 3.0), Run("free chat", [3], 1.0)])
+    assert bench.prompt_reading_line(bench.summarise([ours, untimed], KINDS)) is None
 
 
 def test_the_stock_row_has_no_identity_claim_but_a_speedup() -> None:

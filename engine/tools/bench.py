@@ -234,9 +234,13 @@ class FirstTokenClock:
 
 def run_llama_cpp(llm: Any, ids: list[int], kind: str, eos_ids: frozenset[int],
                   max_tokens: int) -> Run:
-    """llama.cpp's own greedy generation (``temp=0``) on our prompt's token ids."""
+    """llama.cpp's own greedy generation (``temp=0``) on our prompt's token ids, read from
+    an empty cache as our rows read theirs: llama-cpp-python's ``generate`` would otherwise
+    keep the previous prompt's cache for the ids the two share (even with ``reset=True``),
+    so the shared chat template and system prompt would not be read again."""
     tokens: list[int] = []
     start = time.perf_counter()
+    llm.reset()
     first_s = None
     for token in llm.generate(ids, temp=0.0, top_k=1, repeat_penalty=1.0, reset=True):
         first_s = time.perf_counter() - start if first_s is None else first_s
@@ -522,6 +526,7 @@ def summarise(rows: list[Row], kinds: tuple[str, ...]) -> list[dict[str, Any]]:
             tps = sum(len(r.tokens) for r in runs) / sum(r.seconds for r in runs)
             base_tps = sum(len(r.tokens) for r in base) / sum(r.seconds for r in base)
             gen, base_gen = generation_rate(runs), generation_rate(base)
+            firsts = [r.first_s for r in runs]
             drafted = sum(r.drafted or 0 for r in runs)
             accepted = sum(r.accepted or 0 for r in runs)
             passes = sum(r.passes or 0 for r in runs)
@@ -537,6 +542,8 @@ def summarise(rows: list[Row], kinds: tuple[str, ...]) -> list[dict[str, Any]]:
                 "peak_rss_gb": row.peak_rss / 2**30,
                 "auto_off_passes": sum(r.auto_off for r in runs),
                 "methods": [r.method for r in runs],
+                # summed time to the first tokens (None where a run lacks one)
+                "first_token_s": None if None in firsts else sum(f or 0.0 for f in firsts),
             })
     return table
 
@@ -565,6 +572,19 @@ def head_line(info: dict[str, Any]) -> str:
             + (" (teacher-forced)" if info.get("teacher_forced") else "")
             + (f", {info['held_out_chain_accepted']} drafts per 4-token chain held out"
                if info.get("held_out_chain_accepted") is not None else ""))
+
+
+def prompt_reading_line(summary: list[dict[str, Any]]) -> str | None:
+    """Our plain decoding's time to the first tokens against llama.cpp plain's, summed over
+    the prompts (each read from an empty cache, so mostly the prompt reading), or ``None``
+    without both rows' first-token times."""
+    overall = {r["row"]: r.get("first_token_s") for r in summary if r["kind"] == "overall"}
+    ours, peer = overall.get("plain (ours)"), overall.get(f"{LLAMA_CPP} plain")
+    if not ours or not peer:
+        return None
+    return (f"Prompt reading (time to the first token, summed over the prompts, each from an "
+            f"empty cache): plain (ours) {ours:.2f} s, {LLAMA_CPP} plain {peer:.2f} s: our "
+            f"rate {peer / ours:.2f}× {LLAMA_CPP}'s.")
 
 
 def markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
@@ -617,6 +637,9 @@ def markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     if chosen:
         lines += ["", "What auto ran, per prompt: " + "; ".join(
             f"{kind}: {', '.join(str(m) for m in methods)}" for kind, methods in chosen) + "."]
+    reading = prompt_reading_line(summary)
+    if reading:
+        lines += ["", reading]
     costs = meta["verify_cost_s"]
     lines += ["", "Verification cost t(k)/t(1) of one target forward (warm cache): "
               + ", ".join(f"k={k}: {costs[k] / costs[1]:.2f}" for k in costs)
