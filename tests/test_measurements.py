@@ -78,6 +78,14 @@ def test_a_benchmark_run_gets_its_line_and_the_read_share_where_measured(
     path.write_text(json.dumps({"meta": meta, "summary": summary, "rows": []}))
     (line,) = runs(tmp_path)
     assert "plain (ours) 12.50 tok/s (68 % of the read ceiling after the first token);" in line
+    assert "llama.cpp" not in line  # no llama.cpp row
+    summary += [{"row": "llama.cpp plain", "kind": "overall", "speedup": 0.8,
+                 "tokens_per_s": 10.0, "identical": None, "first_token_s": 15.0}]
+    summary[0]["first_token_s"] = 10.0  # runs since the benchmark sums first-token times
+    path.write_text(json.dumps({"meta": meta, "summary": summary, "rows": []}))
+    (line,) = runs(tmp_path)
+    assert "llama.cpp plain 0.80×; t(4)/t(1) 1.75, t(8)/t(1) 3.00; prompt reading 1.50× " \
+        "llama.cpp's; identical 16/16" in line
 
 
 def test_check_fails_on_a_stale_index_and_writing_fixes_it(tmp_path: Path) -> None:

@@ -8,9 +8,10 @@ Contract:
   (:mod:`engine.tools.heldout`) in the folder gets one line, oldest first: when, on which
   machine (CPU, its SIMD flags where the run recorded them), the command where recorded,
   and its headline figures computed from the JSON (plain tok/s and each row's overall
-  speedup; t(k)/t(1) and prompt reading against llama.cpp per kernel variant; total tok/s
-  against one plain answer per concurrency; per method the held-out ratio overall and
-  per kind, the lowest pair and what ran).
+  speedup, and where both plain rows ran, prompt reading against llama.cpp's, from the
+  summed time to the first tokens; t(k)/t(1) and prompt reading against llama.cpp per
+  kernel variant; total tok/s against one plain answer per concurrency; per method the
+  held-out ratio overall and per kind, the lowest pair and what ran).
   A run's full table is its ``.md`` beside the JSON, linked.
 * The lines replace what lies between :data:`BEGIN` and :data:`END` in the Markdown file;
   the rest of the file (the dated notes written by hand) is left as it is. A file without
@@ -70,6 +71,10 @@ def _bench_line(data: dict[str, Any]) -> str:
         parts.append(rows)
     if ratios:
         parts.append(ratios)
+    firsts = {r["row"]: r.get("first_token_s") for r in overall}  # runs since 2026-12-04
+    ours, peer = firsts.get("plain (ours)"), firsts.get("llama.cpp plain")
+    if ours and peer:
+        parts.append(f"prompt reading {peer / ours:.2f}× llama.cpp's")
     if identical:
         parts.append(f"identical {'/'.join(identical)}")
     return "; ".join(parts)
