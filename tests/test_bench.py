@@ -84,6 +84,12 @@ def test_markdown_reports_rows_kinds_costs_and_ceiling() -> None:
     rows.append(Row("auto (the default)", [Run("summary", [1, 2], 1.0, method="suffix")]))
     text = bench.markdown(bench.summarise(rows, KINDS), meta)
     assert "What auto ran, per prompt: summary: suffix." in text
+    assert "A trial is" not in text
+    rows[0].runs.append(Run("summary", [1, 2], 1.0))
+    rows[-1].runs.append(Run("summary", [1, 2], 1.0, method="hybrid", trial=True))
+    text = bench.markdown(bench.summarise(rows, KINDS), meta)
+    assert "What auto ran, per prompt: summary: suffix, hybrid (a trial)." in text
+    assert "A trial is a runner-up" in text
 
 
 def test_the_ceiling_is_the_read_rate_against_plain_after_the_first_token() -> None:

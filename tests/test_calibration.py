@@ -500,6 +500,8 @@ def test_auto_tries_a_close_runner_up_once_and_then_goes_by_what_it_showed() -> 
     assert choose([ran, guess("hybrid", 1.39)], explore=False).method == "hybrid-eagle"  # load
     tried = choose([ran, guess("hybrid", 1.39)], "code")
     assert "not yet timed" in tried.reason and tried.predictions[0].method == "hybrid-eagle"
+    assert tried.trial and not choose([ran, guess("hybrid", 1.39)], explore=False).trial
+    assert not choose([]).trial  # nothing measured: the fallback is no trial
     assert choose([ran, guess("hybrid", 1.39, timed=512)]).method == "hybrid-eagle"
     far = 1.42 * (1 + UNTRIED * OBSERVED_TOKENS / (512 + OBSERVED_TOKENS)) / (1 + UNTRIED) * 0.99
     assert choose([ran, guess("ngram", far)]).method == "hybrid-eagle"  # too far to try

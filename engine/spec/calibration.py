@@ -604,6 +604,12 @@ class Choice:
     kind: str | None
     predictions: tuple[Prediction, ...] = ()
 
+    @property
+    def trial(self) -> bool:
+        """Whether the method runs as a trial: not the best predicted, but close to it and
+        not yet timed on this machine (:func:`choose`)."""
+        return bool(self.predictions) and self.method != self.predictions[0].method
+
     def to_json(self) -> dict[str, Any]:
         return {"method": self.method, "reason": self.reason, "kind": self.kind,
                 "predictions": [p.to_json() for p in self.predictions]}

@@ -108,6 +108,7 @@ class Run:
     auto_off: int = 0
     first_s: float | None = None  # seconds to the first new token (prompt included)
     method: str | None = None  # the method that ran (what auto chose, for auto)
+    trial: bool = False  # auto ran a runner-up not yet timed here (Choice.trial)
 
     @property
     def generation_s(self) -> float:
@@ -181,9 +182,10 @@ def run_ours(engine: ChatEngine, ids: list[int], kind: str, method: str, k: Draf
                                    kind=QUESTION_KINDS.get(kind))
     assert isinstance(done, Completion)
     s = done.stats
-    ran = engine.last_choice.method if method == AUTO and engine.last_choice else method
+    choice = engine.last_choice if method == AUTO else None
     return Run(kind, list(done.token_ids), s.total_s, s.passes, s.drafted, s.accepted,
-               s.auto_off_passes, s.time_to_first_token_s, ran)
+               s.auto_off_passes, s.time_to_first_token_s,
+               choice.method if choice else method, choice is not None and choice.trial)
 
 
 def run_transformers(engine: ChatEngine, ids: list[int], kind: str, mode: str,
@@ -542,6 +544,7 @@ def summarise(rows: list[Row], kinds: tuple[str, ...]) -> list[dict[str, Any]]:
                 "peak_rss_gb": row.peak_rss / 2**30,
                 "auto_off_passes": sum(r.auto_off for r in runs),
                 "methods": [r.method for r in runs],
+                "trials": [r.trial for r in runs],
                 # summed time to the first tokens (None where a run lacks one)
                 "first_token_s": None if None in firsts else sum(f or 0.0 for f in firsts),
             })
@@ -632,11 +635,18 @@ def markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                      for k in kinds]
             lines.append(f"| {name} | " + " | ".join(
                 f"{fmt(c, '.2f')}{unit if c else ''}" for c in cells) + " |")
-    chosen = [(r["kind"], r["methods"]) for r in summary
+    chosen = [(r["kind"], r["methods"], r.get("trials") or [False] * len(r["methods"]))
+              for r in summary
               if r["row"].startswith("auto") and r["kind"] != "overall" and r.get("methods")]
     if chosen:
         lines += ["", "What auto ran, per prompt: " + "; ".join(
-            f"{kind}: {', '.join(str(m) for m in methods)}" for kind, methods in chosen) + "."]
+            f"{kind}: " + ", ".join(f"{m}{' (a trial)' if t else ''}"
+                                    for m, t in zip(methods, trials, strict=True))
+            for kind, methods, trials in chosen) + "."]
+        if any(any(trials) for _, _, trials in chosen):
+            lines.append("A trial is a runner-up predicted close to the best but not yet "
+                         "timed on this machine, run once per kind so that its own speed "
+                         "takes part in later choices.")
     reading = prompt_reading_line(summary)
     if reading:
         lines += ["", reading]
