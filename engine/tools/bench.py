@@ -21,8 +21,11 @@ as llama.cpp reports its "eval" rate), acceptance rate, mean tokens per target p
 whether the token ids equal plain decoding's, and peak RSS. Also the verification cost ``t(k)/t(1)``
 of a target forward over ``k`` tokens with a warm cache, and the memory-bandwidth
 ceiling (read bandwidth / bytes of weights read per token) beside plain decoding's rate
-after the first token, and a copy's bandwidth. ``--quick`` uses the
-light profile and four prompts. Results go to a JSON file and a Markdown table.
+after the first token, and a copy's bandwidth. Where llama.cpp plain ran, our plain
+decoding's summed time to the first tokens against its (every row reads each prompt from
+an empty cache): the prompt-reading rate. What ``auto`` ran per prompt, its one-time
+trials of a runner-up marked. ``--quick`` uses the light profile and four prompts.
+Results go to a JSON file and a Markdown table.
 
 Native kernel variants (:mod:`engine.cpu.kernels`): the header names the one that runs;
 ``--variants`` adds plain decoding under every other variant this CPU runs (rows
