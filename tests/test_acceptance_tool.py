@@ -40,7 +40,8 @@ def write_head(path: Path, loaded: object, layers: tuple[int, ...], seed: int) -
 
 
 def test_heads_are_measured_on_the_answers_rows_and_the_answers_are_kept(
-        target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     loaded = train.load_target(str(target), None, "auto")
     layers = feature_layers_for(4)
     one = write_head(tmp_path / "one.safetensors", loaded, (), seed=1)
@@ -55,6 +56,7 @@ def test_heads_are_measured_on_the_answers_rows_and_the_answers_are_kept(
 
     assert acceptance.main(command("--head", str(one), "--head", str(three),
                                    "--json", str(out))) == 0
+    assert "| in its top 2 | in its top 4 |" in capsys.readouterr().out
     figures = json.loads(out.read_text())
     saved = json.loads(kept.read_text())
     assert [a["kind"] for a in saved["answers"]] == ["code completion", "free chat"]
@@ -68,6 +70,7 @@ def test_heads_are_measured_on_the_answers_rows_and_the_answers_are_kept(
         assert overall["chains"] == sum(max(0, n - 3) for n in lengths)
         assert overall["hits"] == head["code completion"]["hits"] + head["free chat"]["hits"]
         assert 0.0 <= overall["acceptance"] <= 1.0 and 0.0 <= overall["chain"] <= 3.0
+        assert overall["acceptance"] <= overall["within_2"] <= overall["within_4"] <= 1.0
 
     # the EAGLE-1 head reads the final state alone, measured with or without the other
     def fail(*_: object) -> None:

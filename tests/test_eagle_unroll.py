@@ -159,6 +159,22 @@ def reference_acceptance(head: EagleHead, target: torch.nn.Module, data: train.F
     return float((guess == top[1:].long())[first:].float().mean())
 
 
+def reference_within(head: EagleHead, target: torch.nn.Module, data: train.Features,
+                     width: int, first: int = 0) -> float:
+    """Share of positions from row ``first`` on whose greedy token is among the head's
+    ``width`` likeliest first draft tokens, ranked one by one."""
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    ids, hidden, top = data.ids[0], data.hidden[0].float(), data.top_ids[0, :, 0]
+    with torch.no_grad():
+        pred = head(hidden[None, :-1], embed(ids[None, 1:]).float())  # [1, n, H]
+        logits = lm_head(pred[0])  # [n, V]
+    found = []
+    for row in range(first, len(ids) - 1):
+        ranked = sorted(range(logits.shape[-1]), key=lambda v: -float(logits[row, v]))
+        found.append(int(top[row + 1]) in ranked[:width])
+    return sum(found) / max(1, len(found))
+
+
 def test_the_held_out_measures_count_what_chained_drafting_accepts() -> None:
     target = tiny_model("llama", vocab_size=12, seed=2, dtype=torch.float32)
     prompt = [1, 5, 2, 7, 3, 6]
@@ -171,6 +187,10 @@ def test_the_held_out_measures_count_what_chained_drafting_accepts() -> None:
                                   target.get_output_embeddings(), data, steps=3)
         assert abs(measured.chain - reference_chain(head, target, data, 3)) < 1e-9
         assert abs(measured.acceptance - reference_acceptance(head, target, data)) < 1e-6
+        for width in train.TOP_WIDTHS:
+            assert abs(measured.within(width) - reference_within(head, target, data, width)) \
+                < 1e-6
+        assert measured.acceptance <= measured.within(2) <= measured.within(4) <= 1.0
         seen.append(measured.chain)
     assert max(seen) > 0.2  # random heads on a 12-token vocabulary do accept some drafts
     short = data.subset(slice(0, 1))
@@ -201,6 +221,9 @@ def test_the_held_out_measures_count_from_the_first_row_asked_and_add_up() -> No
     assert (both.hits, both.positions, both.accepted, both.chains) == (
         whole.hits + answer_rows.hits, 2 * n - first, whole.accepted + answer_rows.accepted,
         whole.chains + answer_rows.chains)
+    assert both.hits_within == tuple(a + b for a, b in zip(whole.hits_within,
+                                                           answer_rows.hits_within, strict=True))
+    assert abs(answer_rows.within(4) - reference_within(head, target, data, 4, first)) < 1e-6
     beyond = train.held_out(head, embed, lm_head, data, steps=3, first=n + 5)
     assert beyond.positions == beyond.chains == 0 and beyond.chain == beyond.acceptance == 0.0
 

@@ -333,6 +333,9 @@ def save_checkpoint(path: Path, head: EagleHead, opt: Any, step: int,
     tmp.replace(path)
 
 
+TOP_WIDTHS = (2, 4)  # first-token widths HeldOut.within reports
+
+
 @dataclass(frozen=True)
 class HeldOut:
     """What a head accepts on held-out windows, as counts (so that several add up)."""
@@ -341,11 +344,19 @@ class HeldOut:
     positions: int  # positions whose first draft token was checked
     accepted: int  # drafts accepted from greedy chains (see :func:`held_out`)
     chains: int  # chains counted
+    # per TOP_WIDTHS width w: positions whose greedy token is among the head's w likeliest
+    hits_within: tuple[int, ...] = (0,) * len(TOP_WIDTHS)
 
     @property
     def acceptance(self) -> float:
         """Share of positions whose first draft token is the target's greedy one."""
         return self.hits / max(1, self.positions)
+
+    def within(self, width: int) -> float:
+        """Share of positions whose greedy token is among the head's ``width`` likeliest
+        first tokens (a ``TOP_WIDTHS`` width): what a draft tree branching that wide at
+        its first position would find."""
+        return self.hits_within[TOP_WIDTHS.index(width)] / max(1, self.positions)
 
     @property
     def chain(self) -> float:
@@ -354,7 +365,9 @@ class HeldOut:
 
     def __add__(self, other: "HeldOut") -> "HeldOut":
         return HeldOut(self.hits + other.hits, self.positions + other.positions,
-                       self.accepted + other.accepted, self.chains + other.chains)
+                       self.accepted + other.accepted, self.chains + other.chains,
+                       tuple(a + b for a, b in zip(self.hits_within, other.hits_within,
+                                                   strict=True)))
 
 
 @torch.inference_mode()
@@ -364,7 +377,8 @@ def held_out(head: EagleHead, embed: Any, lm_head: Any, data: Features, steps: i
     on (the rows before it are context only: a prompt, where nothing is drafted).
 
     ``acceptance``: at every position, whether the head's first draft token (full
-    ``lm_head``, teacher-forced) equals the target's greedy token. ``chain``: the mean
+    ``lm_head``, teacher-forced) equals the target's greedy token (``within``: whether it is
+    among the head's 2 or 4 likeliest first tokens, :data:`TOP_WIDTHS`). ``chain``: the mean
     number of drafts accepted from ``steps``-token greedy chains, over the positions where
     the text follows the target's greedy choice (its own answers). The chain after context
     row ``j`` (the head fed ``f_j`` and the next token) drafts the tokens after position
@@ -374,6 +388,7 @@ def held_out(head: EagleHead, embed: Any, lm_head: Any, data: Features, steps: i
     """
     head.eval()
     hits = total = accepted = counted = 0
+    within = [0] * len(TOP_WIDTHS)
     for i in range(len(data)):
         ids, top = data.ids[i], data.top_ids[i, :, 0].long()  # [L], [L]
         greedy = top[:-1] == ids[1:]  # position t's greedy token is the text's next
@@ -387,15 +402,20 @@ def held_out(head: EagleHead, embed: Any, lm_head: Any, data: Features, steps: i
                             steps if chains else 1)
         for step, pred in enumerate(preds, 1):
             lo, rows = (min(first, n), n) if step == 1 else (start, chains)
-            guess = lm_head(pred[0, lo:rows]).argmax(-1)  # [rows - lo] drafts at step
+            logits = lm_head(pred[0, lo:rows])  # [rows - lo, V]
+            guess = logits.argmax(-1)  # [rows - lo] drafts at step
             if step == 1:
                 hits += int((guess == top[1 + lo :]).sum())
                 total += n - lo
+                likeliest = logits.topk(max(TOP_WIDTHS), -1).indices  # [rows - lo, w]
+                found = likeliest == top[1 + lo :, None]  # [rows - lo, w]
+                for w, width in enumerate(TOP_WIDTHS):
+                    within[w] += int(found[:, :width].any(-1).sum())
             alive &= (guess[: len(j)] == top[j + step]) & greedy[j + step]
             run += alive
         counted += int(greedy[j].sum())
         accepted += int(run.sum())
-    return HeldOut(hits, total, accepted, counted)
+    return HeldOut(hits, total, accepted, counted, tuple(within))
 
 
 def load_features(model: Any, tokenizer: Any, args: argparse.Namespace,

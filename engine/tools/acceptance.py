@@ -6,10 +6,12 @@ Contract: the target answers the benchmark's prompts (:data:`engine.tools.bench.
 prompt with its answer once more, teacher-forced, keeping the features every given head
 needs. Each head is then measured on the answer's rows only, the rows drafting starts
 from (:func:`engine.heads.train.held_out` with ``first``): the share of first draft tokens
-that are the target's own, and the drafts accepted per ``--steps``-token greedy chain, by
-kind and overall. No timing: the figures depend on the models and prompts alone, so they
-compare heads in a few minutes where the benchmark takes a quarter of an hour, and one plus
-the chain figure estimates the benchmark's tokens per pass of fixed-length chains.
+that are the target's own (and of positions where the target's token is among the head's 2
+or 4 likeliest: what a tree branching at its first position could find), and the drafts
+accepted per ``--steps``-token greedy chain, by kind and overall. No timing: the figures
+depend on the models and prompts alone, so they compare heads in a few minutes where the
+benchmark takes a quarter of an hour, and one plus the chain figure estimates the
+benchmark's tokens per pass of fixed-length chains.
 
 ``--answers FILE`` keeps the target's answers and reuses them while the target, the prompts
 and ``--max-tokens`` are the same.
@@ -30,7 +32,14 @@ from engine.errors import IncompatibleModelsError
 from engine.heads import answers
 from engine.heads.files import HeadFileError, find_head, load_head
 from engine.heads.model import EagleHead
-from engine.heads.train import Features, HeldOut, extract, held_out, load_target
+from engine.heads.train import (
+    TOP_WIDTHS,
+    Features,
+    HeldOut,
+    extract,
+    held_out,
+    load_target,
+)
 from engine.spec.runner import ModelRunner
 from engine.tools.bench import KINDS, PROMPTS, load_prompts
 
@@ -118,14 +127,17 @@ def measure(loaded: Any, heads: Sequence[EagleHead], answered: Sequence[Answered
 
 def table(names: Sequence[str], found: Sequence[dict[str, HeldOut]], steps: int) -> str:
     """Markdown: one row per head and kind."""
-    lines = [f"| head | kind | first draft right | drafts accepted per {steps}-token chain "
-             "| about tokens per pass |", "| --- | --- | --- | --- | --- |"]
+    widths = " | ".join(f"in its top {w}" for w in TOP_WIDTHS)
+    lines = [f"| head | kind | first draft right | {widths} | drafts accepted per {steps}-token "
+             "chain | about tokens per pass |", "| --- | --- | --- |" + " --- |" * len(TOP_WIDTHS)
+             + " --- | --- |"]
     for name, counts in zip(names, found, strict=True):
         for kind in (*KINDS, "overall"):
             if kind in counts:
                 c = counts[kind]
-                lines.append(f"| {name} | {kind} | {c.acceptance:.3f} | {c.chain:.2f} "
-                             f"| {1 + c.chain:.2f} |")
+                within = " | ".join(f"{c.within(w):.3f}" for w in TOP_WIDTHS)
+                lines.append(f"| {name} | {kind} | {c.acceptance:.3f} | {within} | "
+                             f"{c.chain:.2f} | {1 + c.chain:.2f} |")
     return "\n".join(lines)
 
 
@@ -184,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({
             "target": loaded.name, "prompts": len(answered), "steps": args.steps,
             "heads": [{"file": str(p), **{k: {**vars(c), "acceptance": c.acceptance,
-                                              "chain": c.chain} for k, c in counts.items()}}
+                                              "chain": c.chain,
+                                              **{f"within_{w}": c.within(w) for w in TOP_WIDTHS}}
+                                          for k, c in counts.items()}}
                       for p, counts in zip(paths, found, strict=True)]}, indent=1),
             encoding="utf-8")
     return 0
