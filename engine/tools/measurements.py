@@ -71,7 +71,7 @@ def _bench_line(data: dict[str, Any]) -> str:
         parts.append(rows)
     if ratios:
         parts.append(ratios)
-    firsts = {r["row"]: r.get("first_token_s") for r in overall}  # runs since 2026-12-04
+    firsts = {r["row"]: r.get("first_token_s") for r in overall}  # newer runs record it
     ours, peer = firsts.get("plain (ours)"), firsts.get("llama.cpp plain")
     if ours and peer:
         parts.append(f"prompt reading {peer / ours:.2f}× llama.cpp's")
