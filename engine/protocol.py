@@ -49,6 +49,8 @@ class SpeculationStats:
     time_to_first_token_s: float | None = None
     adaptive: bool = False  # draft length chosen per pass from measured costs
     auto_off_passes: int = 0  # passes run plain because drafting was measured not to pay
+    # auto ran a runner-up predicted close to the best but not yet timed on this machine
+    trial: bool = False
 
     @property
     def acceptance_rate(self) -> float | None:

@@ -19,6 +19,7 @@ from engine.spec.calibration import (
     UNTRIED,
     Calibration,
     CalibrationCache,
+    Choice,
     Observations,
     Prediction,
     Seen,
@@ -368,6 +369,7 @@ def test_an_engine_calibrates_once_then_reads_its_cache(tmp_path: Path) -> None:
     events = list(engine.generate([{"role": "user", "content": "Say hi"}], max_tokens=6))
     assert engine.last_choice is not None and engine.last_choice.predictions
     assert events[-1].stats.method == engine.last_choice.method  # type: ignore[union-attr]
+    assert events[-1].stats.trial == engine.last_choice.trial  # type: ignore[union-attr]
     report = engine.speculation_report()
     assert set(report["kinds"]) == set(KINDS) and report["calibration"]["t1_ms"] > 0
     again = ChatEngine(target, draft)
@@ -527,3 +529,21 @@ def test_a_policy_starts_from_the_drafter_s_measured_costs() -> None:
     assert policy.read_share == 0.007  # a probe's catch-up is costed from it
     assert set(policy.ratio) == {2, 3, 4, 5}  # sizes beyond max_gamma + 1 left out
     assert measured.policy("ngram", max_gamma=4).read_share is None
+
+
+def test_an_answer_says_when_auto_ran_it_as_a_trial(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The answer's statistics carry Choice.trial, so a client (the held-out check) can
+    tell auto's one-time trial of a runner-up from its settled choice."""
+    engine = ChatEngine(tiny_loaded("tiny-target", seed=1, scale=4.0))
+    ahead, tried = (Prediction(m, s, 0.6, 1.0, 2, 0.01, 0.0, 10.0) for m, s in
+                    (("suffix", 1.30), ("ngram", 1.28)))
+    for chosen, trial in ((Choice("ngram", "tried", "chat", (ahead, tried)), True),
+                          (Choice("suffix", "best", "chat", (ahead, tried)), False),
+                          (Choice("ngram", "not measured", "chat"), False)):
+        monkeypatch.setattr(engine, "choice", lambda *_, c=chosen: c)
+        *_, done = engine.generate([{"role": "user", "content": "Say hi"}], max_tokens=4)
+        assert done.stats.method == chosen.method  # type: ignore[union-attr]
+        assert done.stats.trial is trial  # type: ignore[union-attr]
+    *_, done = engine.generate([{"role": "user", "content": "Say hi"}], max_tokens=4,
+                               method="ngram")
+    assert done.stats.trial is False  # type: ignore[union-attr]  # asked for, not chosen

@@ -104,6 +104,17 @@ def test_the_summary_sums_times_per_method_and_kind() -> None:
     assert (auto["lowest"], auto["lowest_kind"], auto["lowest_ran"]) == (0.8, "free chat", "draft")
     assert (auto["identical"], auto["pairs"], auto["ran"]) == (2, 3, {"ngram": 2, "draft": 1})
     assert ngram["overall"] == pytest.approx(3.0) and ngram["pairs"] == 1
+    assert auto["trials"] == 0 and "A trial is" not in markdown([auto], pairs, META)
+
+
+def test_auto_s_trials_are_marked_where_the_worker_says_so() -> None:
+    tried = Pair(0, "free chat", "auto", "hybrid", 5.0, 4.0, "auto", True, 10, 1.2, trial=True)
+    pairs = [pair("summary", "auto", "ngram", 2.0, 4.0), tried]
+    (auto,) = summarise(pairs, ["auto"])
+    assert (auto["trials"], auto["lowest_ran"]) == (1, "hybrid (a trial)")
+    text = markdown([auto], pairs, META)
+    assert "| auto | hybrid (a trial) | auto |" in text and "A trial is a runner-up" in text
+    assert "| auto | ngram | auto |" in text  # a settled choice stays unmarked
 
 
 class FailingClient:
@@ -117,7 +128,8 @@ class FailingClient:
         if len(self.asked) > self.good:
             raise ConnectionRefusedError("connection refused")
         return {"ids": [1, 2], "spec": {"method": "ngram" if method == "auto" else method,
-                                        "total_s": 1.0, "mean_accepted_length": None}}
+                                        "total_s": 1.0, "mean_accepted_length": None,
+                                        "trial": method == "auto"}}
 
 
 def test_an_answer_that_fails_keeps_the_finished_pairs_and_says_where() -> None:
@@ -128,8 +140,8 @@ def test_an_answer_that_fails_keeps_the_finished_pairs_and_says_where() -> None:
                                            r"ConnectionRefusedError"):
         run_pairs(client, prompts, ["auto"], 1, 8, pairs)  # type: ignore[arg-type]
     assert client.asked == ["auto", "off", "off", "auto"]  # the second pair: off first
-    assert [(p.kind, p.ran, p.identical, p.speedup) for p in pairs] == [
-        ("summary", "ngram", True, 1.0)]
+    assert [(p.kind, p.ran, p.identical, p.speedup, p.trial) for p in pairs] == [
+        ("summary", "ngram", True, 1.0, True)]
 
 
 def test_a_whole_check_against_a_fresh_worker(tmp_path: Path) -> None:

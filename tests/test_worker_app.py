@@ -203,6 +203,7 @@ def test_stream_carries_pieces_usage_and_speculation() -> None:
             assert final["usage"]["completion_tokens"] == 3
             assert final["speculation"]["method"] == "ngram"
             assert final["speculation"]["num_draft_tokens"] == 3
+            assert final["speculation"]["trial"] is False  # not auto's trial of a runner-up
 
     asyncio.run(scenario())
 

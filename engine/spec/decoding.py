@@ -259,6 +259,7 @@ class StatsRecorder:
     per_position: list[int] = field(default_factory=list)
     adaptive: bool = False
     auto_off_passes: int = 0
+    trial: bool = False  # auto's one-time trial of a runner-up (calibration.Choice.trial)
 
     def record(self, step: Step) -> None:
         self.passes += step.forwarded
@@ -286,5 +287,5 @@ class StatsRecorder:
             accepted_per_position=tuple(self.per_position),
             prefill_s=self.prefill_s, draft_s=self.draft_s, verify_s=self.verify_s,
             total_s=now - self.started, time_to_first_token_s=ttft,
-            adaptive=self.adaptive, auto_off_passes=self.auto_off_passes,
+            adaptive=self.adaptive, auto_off_passes=self.auto_off_passes, trial=self.trial,
         )

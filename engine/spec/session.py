@@ -553,6 +553,7 @@ class ChatEngine:
         seat = self._slot(slot)
         params = params or SamplingParams()
         method = self.check_method(self.method if method is None else method)
+        trial = False  # auto's one-time trial of a runner-up (Choice.trial)
         if method == AUTO:
             heads = [name for name, d in seat.drafters.items() if d.wants_hidden]
             rereads: dict[str, int] = {}
@@ -566,6 +567,7 @@ class ChatEngine:
             reads = {name: d.unread(prompt) for name, d in table.items() if d.reads_prompt}
             self.last_choice = self.choice(kind, sharing(), rereads, reads)
             method = self.check_method(self.last_choice.method)
+            trial = self.last_choice.trial
         k = self.check_num_draft_tokens(
             self.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
         )
@@ -577,7 +579,7 @@ class ChatEngine:
         if isinstance(stop, str):
             stop = [stop]
         return self._run(list(prompt), params, max_tokens, list(stop), method, k, cancel,
-                         tuple(answer_prefix), cache == COLD, kind, seat)
+                         tuple(answer_prefix), cache == COLD, kind, seat, trial)
 
     def _new_policy(self, drafter: str) -> DraftPolicy:
         return (DraftPolicy(max_gamma=self.max_adaptive) if self.calibration is None
@@ -735,10 +737,12 @@ class ChatEngine:
         cold: bool = False,
         kind: str | None = None,
         slot: Slot | None = None,
+        trial: bool = False,
     ) -> Generator[Event, None, None]:
         slot = slot or self.slots[0]
         adaptive = k == ADAPTIVE and method != "off"
-        recorder = StatsRecorder(method, method != "off", len(prompt), adaptive=adaptive)
+        recorder = StatsRecorder(method, method != "off", len(prompt), adaptive=adaptive,
+                                 trial=trial)
         runner, drafters = self._cold(slot) if cold else (slot.runner, slot.drafters)
         drafter = drafters.get(method)
         runner.keep_hidden(drafter is not None and drafter.wants_hidden,

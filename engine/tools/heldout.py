@@ -15,9 +15,10 @@ speculation off. Both answers of a pair:
 * take turns in an order that alternates from prompt to prompt and from round to round
   (``--rounds``), so a slow spell of the shared machine falls on both alike.
 
-Per pair: the method that ran, both answers' times from request to last token (the
-worker's ``total_s``), their ratio, whether the token ids are equal, and where each
-answer's time went: the seconds to its first token (the same cold prompt read on both
+Per pair: the method that ran (marked where the worker says it was ``auto``'s one-time
+trial of a runner-up not yet timed on the machine), both answers' times from request to
+last token (the worker's ``total_s``), their ratio, whether the token ids are equal, and
+where each answer's time went: the seconds to its first token (the same cold prompt read on both
 sides, so a difference is the machine's speed moving between them) and the milliseconds
 of a target pass after it. Per method:
 overall (the plain answers' time over the method's), per kind, the lowest pair, the
@@ -87,6 +88,12 @@ class Pair:
     plain_first_token_s: float | None = None
     passes: int = 0
     plain_passes: int = 0
+    trial: bool = False  # auto ran a runner-up once to time it (the worker's ``trial``)
+
+    @property
+    def ran_as(self) -> str:
+        """What ran, marked where it was auto's one-time trial of a runner-up."""
+        return f"{self.ran} (a trial)" if self.trial else self.ran
 
     @property
     def speedup(self) -> float:
@@ -253,9 +260,10 @@ def run_pairs(client: Client, prompts: Sequence[Prompt], methods: Sequence[str],
                             got[method]["ids"] == got[OFF]["ids"], len(got[method]["ids"]),
                             spec.get("mean_accepted_length"),
                             spec.get("time_to_first_token_s"), plain.get("time_to_first_token_s"),
-                            int(spec.get("passes") or 0), int(plain.get("passes") or 0))
+                            int(spec.get("passes") or 0), int(plain.get("passes") or 0),
+                            bool(spec.get("trial")))
                 log.info("%-15s %-8s ran %-13s %.2fx (%.1f s against %.1f s, %s first)%s",
-                         p.kind, method, pair.ran, pair.speedup, pair.total_s, pair.plain_s,
+                         p.kind, method, pair.ran_as, pair.speedup, pair.total_s, pair.plain_s,
                          sides[0], "" if pair.identical else " DIFFERENT")
                 pairs.append(pair)
 
@@ -277,8 +285,9 @@ def summarise(pairs: Sequence[Pair], methods: Sequence[str]) -> list[dict[str, A
         out.append({"method": method,
                     "overall": sum(p.plain_s for p in own) / sum(p.total_s for p in own),
                     "kinds": kinds, "lowest": lowest.speedup, "lowest_kind": lowest.kind,
-                    "lowest_ran": lowest.ran, "identical": sum(p.identical for p in own),
-                    "pairs": len(own), "plain_s": sum(p.plain_s for p in own), "ran": ran})
+                    "lowest_ran": lowest.ran_as, "identical": sum(p.identical for p in own),
+                    "pairs": len(own), "plain_s": sum(p.plain_s for p in own), "ran": ran,
+                    "trials": sum(p.trial for p in own)})
     return out
 
 
@@ -302,7 +311,7 @@ def markdown(summary: Sequence[dict[str, Any]], pairs: Sequence[Pair], meta: dic
               "| :---: |"]
     for p in pairs:
         tpp = "–" if p.tokens_per_pass is None else f"{p.tokens_per_pass:.2f}"
-        lines.append(f"| {p.round} | {p.kind} | {p.method} | {p.ran} | {p.first} | "
+        lines.append(f"| {p.round} | {p.kind} | {p.method} | {p.ran_as} | {p.first} | "
                      f"{p.total_s:.2f} | {p.plain_s:.2f} | {p.speedup:.2f}× | {p.tokens} | {tpp}"
                      f" | {both((p.first_token_s, p.plain_first_token_s), '.2f')}"
                      f" | {both(p.pass_ms, '.0f')} | {'yes' if p.identical else 'NO'} |")
@@ -310,6 +319,10 @@ def markdown(summary: Sequence[dict[str, Any]], pairs: Sequence[Pair], meta: dic
               "first token, so two first-token times that differ show the machine's speed "
               "moving between the two answers; a pass is the target's after the first token "
               "(plain's: one token)."]
+    if any(p.trial for p in pairs):
+        lines.append("A trial is a runner-up that auto predicted close to the best but had not "
+                     "yet timed on this machine, run once per kind so that its own speed takes "
+                     "part in later choices.")
     return "\n".join(lines) + "\n"
 
 

@@ -66,7 +66,9 @@ SPECULATION_FIELDS = (
     "passes", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
     "accepted_per_position", "tokens_per_second", "time_to_first_token_s", "total_s",
 )
-OPTIONAL_FIELDS = ("auto_off_passes",)  # reported when the engine measures them
+# reported when the engine gives them: passes run plain because drafting did not pay, and
+# whether auto ran a runner-up once to time it (SpeculationStats.trial)
+OPTIONAL_FIELDS = ("auto_off_passes", "trial")
 
 
 class FieldError(BadRequestError):
