@@ -580,6 +580,16 @@ def head_line(info: dict[str, Any]) -> str:
                if info.get("held_out_chain_accepted") is not None else ""))
 
 
+# What "(a trial)" after a method means, in the benchmark's and the held-out check's tables.
+TRIAL_NOTE = ("A trial is a runner-up predicted close to the best but not yet timed on this "
+              "machine, run once per kind so that its own speed takes part in later choices.")
+
+
+def ran_as(method: str | None, trial: bool) -> str:
+    """The method that ran, marked where it was ``auto``'s one-time trial of a runner-up."""
+    return f"{method} (a trial)" if trial else str(method)
+
+
 def prompt_reading_line(summary: list[dict[str, Any]]) -> str | None:
     """Our plain decoding's time to the first tokens against llama.cpp plain's, summed over
     the prompts (each read from an empty cache, so mostly the prompt reading), or ``None``
@@ -643,13 +653,10 @@ def markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
               if r["row"].startswith("auto") and r["kind"] != "overall" and r.get("methods")]
     if chosen:
         lines += ["", "What auto ran, per prompt: " + "; ".join(
-            f"{kind}: " + ", ".join(f"{m}{' (a trial)' if t else ''}"
-                                    for m, t in zip(methods, trials, strict=True))
+            f"{kind}: " + ", ".join(ran_as(m, t) for m, t in zip(methods, trials, strict=True))
             for kind, methods, trials in chosen) + "."]
         if any(any(trials) for _, _, trials in chosen):
-            lines.append("A trial is a runner-up predicted close to the best but not yet "
-                         "timed on this machine, run once per kind so that its own speed "
-                         "takes part in later choices.")
+            lines.append(TRIAL_NOTE)
     reading = prompt_reading_line(summary)
     if reading:
         lines += ["", reading]

@@ -47,7 +47,7 @@ from typing import Any
 
 from engine.paths import ASSETS, models_dir
 from engine.protocol import METHODS
-from engine.tools.bench import KINDS, machine, simd_flags
+from engine.tools.bench import KINDS, TRIAL_NOTE, machine, ran_as, simd_flags
 from engine.worker.process import Child, child_worker
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class Pair:
     @property
     def ran_as(self) -> str:
         """What ran, marked where it was auto's one-time trial of a runner-up."""
-        return f"{self.ran} (a trial)" if self.trial else self.ran
+        return ran_as(self.ran, self.trial)
 
     @property
     def speedup(self) -> float:
@@ -320,9 +320,7 @@ def markdown(summary: Sequence[dict[str, Any]], pairs: Sequence[Pair], meta: dic
               "moving between the two answers; a pass is the target's after the first token "
               "(plain's: one token)."]
     if any(p.trial for p in pairs):
-        lines.append("A trial is a runner-up that auto predicted close to the best but had not "
-                     "yet timed on this machine, run once per kind so that its own speed takes "
-                     "part in later choices.")
+        lines.append(TRIAL_NOTE)
     return "\n".join(lines) + "\n"
 
 
