@@ -126,6 +126,17 @@ def test_weight_bytes_count_quantized_buffers_and_skip_an_untied_embedding() -> 
     assert int8 == dense - saved
 
 
+def test_the_cpu_name_tells_generations_apart_by_family_and_model() -> None:
+    zen1 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 23\nmodel\t\t: 1\n" \
+        "model name\t: AMD EPYC\nflags\t\t: fpu avx2\nprocessor\t: 1\ncpu family\t: 99\n"
+    zen3 = zen1.replace("cpu family\t: 23", "cpu family\t: 25")
+    assert bench.cpu_name(zen1) == "AMD EPYC (family 23 model 1)"  # the first processor's
+    assert bench.cpu_name(zen3) == "AMD EPYC (family 25 model 1)"
+    assert bench.cpu_name("model name\t: Some CPU\n") == "Some CPU"
+    assert bench.cpu_name("") != ""
+    assert bench.machine().startswith(bench.cpu_name())
+
+
 def test_tiny_run_fills_every_row_and_greedy_rows_match_plain() -> None:
     engine = ChatEngine(tiny_loaded(seed=1, scale=8.0), tiny_loaded(seed=1, scale=8.0))
     prompts = [{"kind": "code editing", "prompt": "abc abc abc abc"},

@@ -802,17 +802,31 @@ def run_rows(engine: ChatEngine, specs: list[RowSpec], prompts: list[dict[str, s
     return rows
 
 
+def cpu_name(cpuinfo: str | None = None) -> str:
+    """The processor as ``/proc/cpuinfo`` (or ``cpuinfo``, its text) names it, with its
+    family and model: under some hypervisors the name alone ("AMD EPYC") covers several
+    generations (a Zen 1 and a Zen 3 EPYC, family 23 and 25). ``platform.processor()``
+    where the file cannot be read or names nothing."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    family, model = fields.get("cpu family"), fields.get("model")
+    return f"{name} (family {family} model {model})" if family and model else name
+
+
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    """The machine as a run's header names it: CPU (:func:`cpu_name`), threads, memory, torch."""
     gib = psutil.virtual_memory().total / 2**30
-    return f"{cpu}, {torch.get_num_threads()} threads, {gib:.0f} GiB, torch {torch.__version__}"
+    threads = torch.get_num_threads()
+    return f"{cpu_name()}, {threads} threads, {gib:.0f} GiB, torch {torch.__version__}"
 
 
 def simd_flags() -> list[str]:
