@@ -12,6 +12,7 @@ held out. Rebuild with ``python -m engine.heads.corpus [OUT]``.
 
 import ast
 import json
+import re
 import sys
 import sysconfig
 from collections.abc import Iterator
@@ -32,6 +33,8 @@ MODULES = (
 )
 MAX_CODE_CHARS = 1800
 MIN_DOC_CHARS = 40
+# a line with its end, as the parser counts lines: \r\n, \r or \n (not \f, \v, ...)
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 
 
 def _chat(user: str, assistant: str) -> list[dict[str, str]]:
@@ -60,13 +63,30 @@ def module_sources() -> Iterator[tuple[str, str]]:
         yield module, (lib / f"{module}.py").read_text(encoding="utf-8")
 
 
+def source_lines(source: str) -> list[str]:
+    """``source`` split into lines with their ends, as the parser numbers them."""
+    return _LINE.findall(source)
+
+
+def segment(lines: list[str], node: ast.stmt) -> str:
+    """The source text of ``node`` (what ``ast.get_source_segment`` returns), from the
+    lines of :func:`source_lines`, split once per module: ``get_source_segment`` splits the
+    whole source again for every node. Column offsets count UTF-8 bytes."""
+    first, last = node.lineno - 1, (node.end_lineno or node.lineno) - 1
+    start, end = node.col_offset, node.end_col_offset
+    if first == last:
+        return lines[first].encode()[start:end].decode()
+    return "".join([lines[first].encode()[start:].decode(), *lines[first + 1:last],
+                    lines[last].encode()[:end].decode()])
+
+
 def definitions(tree: ast.Module, source: str) -> Iterator[Definition]:
     """The public top-level functions and classes of a parsed module, in source order."""
+    lines = source_lines(source)
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.ClassDef) and not node.name.startswith("_"):
             kind = "class" if isinstance(node, ast.ClassDef) else "function"
-            yield Definition(node.name, kind, ast.get_source_segment(source, node) or "",
-                             ast.get_docstring(node) or "")
+            yield Definition(node.name, kind, segment(lines, node), ast.get_docstring(node) or "")
 
 
 def records(module: str, source: str, tree: ast.Module | None = None
