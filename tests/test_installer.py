@@ -32,6 +32,7 @@ import platformdirs
 import pytest
 
 from engine.models import registry
+from tests.worker_process import link_light_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL = ROOT / "installer" / "linux" / "install.sh"
@@ -170,33 +171,12 @@ def model_wheels() -> Path:
     return folder
 
 
-def seed_converted_cache(layout: Layout) -> None:
-    """Link the developer's converted light model into the new data directory."""
-    from engine import paths
-
-    spec = registry.get_spec(LIGHT)
-    folder = paths.models_dir() / "cache" / f"{LIGHT}-{spec.sha256[:16]}"
-    if not (folder / "manifest.json").is_file():
-        from engine.models import cache
-
-        folder = cache.prepare(LIGHT).folder  # converts once into the developer's data dir
-    dest = layout.models / "cache" / folder.name
-
-    def link(src: str, dst: str) -> None:
-        try:
-            os.link(src, dst)
-        except OSError:
-            shutil.copy2(src, dst)
-
-    shutil.copytree(folder, dest, copy_function=link)
-
-
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory, model_wheels: Path) -> Installed:
     home = tmp_path_factory.mktemp("home")
     layout = Layout(home)
     env = home_env(home)
-    seed_converted_cache(layout)
+    link_light_cache(layout.models)
     done = run(["bash", str(INSTALL), *INSTALL_OPTIONS, "--models-from", str(model_wheels)],
                env)
     return Installed(layout, env, done.stdout + done.stderr)

@@ -22,7 +22,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from engine.cpu import kernels
 from tests.conftest import LIGHT
 from tests.tiny import save_tiny
-from tests.worker_process import Hold, Http, WorkerProcess, start_worker
+from tests.worker_process import Hold, Http, WorkerProcess, link_light_cache, start_worker
 
 PROMPT: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "def add(a, b): the quick brown fox"}
@@ -385,6 +385,7 @@ def test_health_names_the_kernel_variant_and_forward_plan_a_worker_was_forced_to
     if (why := kernels.why_not("avx2")) is not None or not kernels.available():
         pytest.skip(why or "the native kernels do not run here")
     monkeypatch.setenv("ANVE_KERNELS", "avx2")
+    link_light_cache(tmp_path / "data" / "models")  # loads, as the plan is the point here
     args = ["--profile", "light", "--target", LIGHT, "--method", "off",
             "--data-dir", str(tmp_path / "data")]
     with start_worker(args, tmp_path) as proc:

@@ -5,21 +5,48 @@
 :class:`Http` is a tiny stdlib client for raw requests and hand-read streams.
 :class:`Hold` holds the worker's answers (``ANVE_TEST_HOLD``, :mod:`engine.worker.hold`),
 so that a test acts on a running answer however fast the machine generates.
+:func:`link_light_cache` gives a fresh data directory the light model's converted cache,
+so a worker started on it loads instead of converting again (conversion has its own
+tests in ``test_convert`` and ``test_models``).
 """
 
 import contextlib
 import http.client
 import json
+import os
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine import paths
+from engine.models import registry
 from engine.worker.hold import HOLD_ENV
 from engine.worker.process import Child, child_worker
 
 REPO = Path(__file__).resolve().parents[1]
+LIGHT = "smollm2-135m-instruct"
+
+
+def link_light_cache(models: Path) -> None:
+    """Link (or copy, across file systems) the developer's converted light model into
+    ``models``, a data directory's models folder; converts it there first if missing."""
+    spec = registry.get_spec(LIGHT)
+    folder = paths.models_dir() / "cache" / f"{LIGHT}-{spec.sha256[:16]}"
+    if not (folder / "manifest.json").is_file():
+        from engine.models import cache
+
+        folder = cache.prepare(LIGHT).folder  # converts once into the developer's data dir
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(folder, models / "cache" / folder.name, copy_function=link)
 
 
 @dataclass(frozen=True)
