@@ -25,9 +25,9 @@ from engine import paths
 from engine.models import registry
 from engine.worker.hold import HOLD_ENV
 from engine.worker.process import Child, child_worker
+from tests.conftest import LIGHT
 
 REPO = Path(__file__).resolve().parents[1]
-LIGHT = "smollm2-135m-instruct"
 
 
 def link_light_cache(models: Path) -> None:
