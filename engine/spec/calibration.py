@@ -114,14 +114,26 @@ def classify(text: str) -> str:
 # --- identity -------------------------------------------------------------------------
 
 
+def cpu_fields(cpuinfo: str | None = None) -> dict[str, str]:
+    """The first processor's fields of ``/proc/cpuinfo`` (or of ``cpuinfo``, its text):
+    ``model name``, ``cpu family``, ``model``, ``flags``...; empty where unreadable."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        name, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(name.strip(), value.strip())
+    return fields
+
+
 def machine_identity(kernels: str | None = None) -> dict[str, str]:
     """CPU model, a hash of its feature flags and the native kernel variant that runs
     (``kernels``: the target's forward plan's, ``None`` on the torch reference)."""
-    fields: dict[str, str] = {}
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            name, _, value = line.partition(":")
-            fields.setdefault(name.strip(), value.strip())
+    fields = cpu_fields()
     cpu = fields.get("model name") or platform.processor() or platform.machine()
     flags = " ".join(sorted(fields.get("flags", "").split()))
     identity = {"cpu": cpu, "flags": hashlib.sha256(flags.encode()).hexdigest()[:12],

@@ -84,7 +84,7 @@ from engine.cpu.quantize import model_bytes
 from engine.models.registry import PROFILES
 from engine.paths import ASSETS
 from engine.protocol import ACCELERATIONS, Completion
-from engine.spec.calibration import PRIOR_FORMAT, Observations, Seen
+from engine.spec.calibration import PRIOR_FORMAT, Observations, Seen, cpu_fields
 from engine.spec.drafters.eagle import eagle_for
 from engine.spec.drafters.suffix import SuffixDrafter
 from engine.spec.policy import Policy
@@ -807,16 +807,7 @@ def cpu_name(cpuinfo: str | None = None) -> str:
     family and model: under some hypervisors the name alone ("AMD EPYC") covers several
     generations (a Zen 1 and a Zen 3 EPYC, family 23 and 25). ``platform.processor()``
     where the file cannot be read or names nothing."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
-    fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
-        key, sep, value = line.partition(":")
-        if sep:
-            fields.setdefault(key.strip(), value.strip())
+    fields = cpu_fields(cpuinfo)
     name = fields.get("model name") or platform.processor() or platform.machine()
     family, model = fields.get("cpu family"), fields.get("model")
     return f"{name} (family {family} model {model})" if family and model else name
