@@ -14,8 +14,7 @@ from engine.spec.drafters.eagle import EagleDrafter
 from engine.spec.drafters.tree import Level, branch, choose
 from engine.spec.runner import ModelRunner
 from engine.spec.sampling import SamplingParams
-from tests.stats import matches
-from tests.test_decoding import _exact_two_token_distribution, loaded, prompts, run
+from tests.test_decoding import loaded, prompts, run
 from tests.test_eagle import random_head
 from tests.test_fastlinear import NATIVE, accelerated
 from tests.tiny import tiny_model
@@ -130,27 +129,32 @@ def test_a_float64_model_on_the_reference_verifies_trees_too() -> None:
         assert run(target, prompt, drafter, k=3, n=12) == run(target, prompt, n=12)
 
 
-def test_tree_sampling_matches_plain_sampling_end_to_end() -> None:
+def test_tree_sampling_keeps_every_seeded_draw() -> None:
+    """Trees from a draft model and from an EAGLE head, verified with sampling: each token
+    of a seeded answer is the one plain decoding draws for that seed (whose draws follow the
+    target's distribution: test_decoding counts them), branches or not."""
     vocab = 6
     target = tiny_model("llama", vocab_size=vocab, seed=11, scale=2.0, dtype=torch.float32)
     accelerate(target, None, "fp32")
     draft = tiny_model("llama", vocab_size=vocab, seed=12, scale=2.0, dtype=torch.float32)
     prompt = [1, 2, 3]
-    exact = _exact_two_token_distribution(target, prompt)
     runner = ModelRunner(target)
     drafters = [
         DraftModelDrafter(loaded(draft), vocab, min_confidence=0.0, branches=2, min_branch=0.0),
         EagleDrafter(random_head(target, seed=12), target, min_confidence=0.0, branches=2,
                      min_branch=0.0),
     ]
+    seeds = range(250)
+    plain = {seed: [t for s in decode(runner, prompt, max_new_tokens=4, max_context=64,
+                                      params=SamplingParams(temperature=1.0, seed=seed))
+                    for t in s.tokens] for seed in seeds}
     for drafter in drafters:
-        counts, branched = torch.zeros(vocab * vocab), 0
-        for seed in range(1000):
+        branched = accepted = 0
+        for seed in seeds:
             params = SamplingParams(temperature=1.0, seed=seed)
-            steps = list(decode(runner, prompt, params=params, max_new_tokens=3,
+            steps = list(decode(runner, prompt, params=params, max_new_tokens=4,
                                 max_context=64, drafter=drafter, num_draft_tokens=2))
-            t1, t2 = [t for s in steps for t in s.tokens][:2]
-            counts[t1 * vocab + t2] += 1
+            assert [t for s in steps for t in s.tokens] == plain[seed], (drafter.name, seed)
             branched += steps[0].drafted > 2
-        assert branched > 500, drafter.name
-        assert matches(counts, exact), drafter.name
+            accepted += sum(s.accepted for s in steps)
+        assert branched > 125 and accepted > 0, drafter.name
