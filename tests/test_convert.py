@@ -13,7 +13,7 @@ import pytest
 from safetensors import safe_open
 
 from engine.models import cache
-from engine.models.convert import safetensors_header, streams
+from engine.models.convert import one_name_table, safetensors_header, streams
 from tests.foreign_support import light_gguf
 
 
@@ -51,3 +51,16 @@ def test_the_safetensors_header_lays_tensors_end_to_end_padded_to_8_bytes() -> N
     described = json.loads(header[8:])
     assert described["a"] == {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}
     assert described["b"] == {"dtype": "F32", "shape": [5], "data_offsets": [24, 44]}
+
+
+def test_the_name_table_is_built_once_inside_the_block_and_restored_after_it() -> None:
+    import gguf
+
+    built = gguf.get_tensor_name_map
+    arch = next(iter(gguf.MODEL_ARCH_NAMES))
+    with pytest.raises(RuntimeError), one_name_table():
+        assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
+        assert gguf.get_tensor_name_map(arch, 3) is not gguf.get_tensor_name_map(arch, 2)
+        raise RuntimeError
+    assert gguf.get_tensor_name_map is built
+    assert built(arch, 2) is not built(arch, 2)

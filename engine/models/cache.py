@@ -23,7 +23,7 @@ from typing import Any
 from engine import paths
 from engine.errors import UnknownModelError
 from engine.models import registry
-from engine.models.convert import convert_streaming, streams
+from engine.models.convert import convert_streaming, one_name_table, streams
 from engine.models.memory import check_memory, conversion_bytes
 from engine.models.registry import Progress
 
@@ -169,7 +169,7 @@ def convert_with_transformers(gguf_file: Path, tmp: Path, progress: Progress) ->
     progress(0.02, f"reading the tokenizer of {gguf_file.name}")
     tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
     progress(0.08, f"reading {gguf_file.name}")
-    with _tensor_progress(progress):
+    with _tensor_progress(progress), one_name_table():
         model = AutoModelForCausalLM.from_pretrained(
             gguf_file.parent, gguf_file=gguf_file.name, dtype=torch.float32
         )

@@ -12,9 +12,11 @@ meta device) and the numbers from gguf-py's ``dequantize``, as there. Architectu
 other than :data:`STREAMED` are left to transformers (:func:`streams` says which).
 """
 
+import functools
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,24 @@ def safetensors_header(entries: list[tuple[str, tuple[int, ...]]]) -> bytes:
     return len(text).to_bytes(8, "little") + text
 
 
+@contextmanager
+def one_name_table() -> Iterator[None]:
+    """Within the block, gguf-py builds each architecture's tensor-name table once.
+
+    transformers' ``get_gguf_hf_weights_map`` calls itself for every submodule (about 400
+    for a 30-layer model) and each call builds ``gguf.get_tensor_name_map(arch, layers)``
+    anew: 12 s of the light model's conversion on the Zen 1 machine. The table depends only
+    on its two arguments and is only read, so one per pair serves every call."""
+    import gguf
+
+    built = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.cache(built)
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map = built
+
+
 def _tensor_plan(gguf: Path) -> tuple[list[tuple[GGUFTensor, str, tuple[int, ...]]], Any, Any]:
     """A plan: each GGUF tensor that maps to a parameter, with the parameter's name and
     shape; plus the tensor processor and the empty (meta) model, with its config."""
@@ -68,7 +88,8 @@ def _tensor_plan(gguf: Path) -> tuple[list[tuple[GGUFTensor, str, tuple[int, ...
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     processor = TENSOR_PROCESSORS.get(fields["general.architecture"], TensorProcessor)(
         config=described)
-    names = get_gguf_hf_weights_map(model, processor)
+    with one_name_table():
+        names = get_gguf_hf_weights_map(model, processor)
     params = dict(model.named_parameters())
     plan = []
     for tensor in tensors.values():
