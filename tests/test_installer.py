@@ -7,7 +7,9 @@ local folder of wheels (downloaded once into the user's cache, so CI does not do
 twice), verified by SHA-256, and the appliance service. The light model's converted
 cache is linked in from the developer's data directory first, so ``prepare`` verifies
 and reuses it instead of converting again (conversion itself is tested in
-``test_models``). Tests run in file order; the last one upgrades, uninstalls and purges.
+``test_models``), and so are the kernel libraries this session has built (their build is
+``test_kernels``' business; the installer's step then finds them ready). Tests run in
+file order; the last one upgrades, uninstalls and purges.
 
 The Debian tools (``desktop-file-validate``, ``systemd-analyze``) come from
 ``bash setup.sh test``; without them those checks skip, naming the package.
@@ -31,6 +33,7 @@ from pathlib import Path
 import platformdirs
 import pytest
 
+from engine.cpu import kernels
 from engine.models import registry
 from tests.worker_process import link_light_cache
 
@@ -120,8 +123,11 @@ def user_pip_config() -> str | None:
 
 def home_env(home: Path) -> dict[str, str]:
     """The environment of a user whose HOME is ``home``, keeping pip's settings."""
+    # An office user's Python writes bytecode: with --no-compile, the first import of
+    # torch then compiles it once, not again in every later command of the test.
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("XDG_") and k not in ("ANVE_DATA_DIR", "VIRTUAL_ENV")}
+           if not k.startswith("XDG_") and k not in ("ANVE_DATA_DIR", "VIRTUAL_ENV",
+                                                      "PYTHONDONTWRITEBYTECODE")}
     runtime = home / "run"
     runtime.mkdir(mode=0o700, exist_ok=True)
     env.update(
@@ -171,12 +177,24 @@ def model_wheels() -> Path:
     return folder
 
 
+def link_kernels(home: Path) -> None:
+    """Link the kernel libraries built for this source into ``home``'s user cache."""
+    target = home / ".cache" / "anve" / "kernels"
+    target.mkdir(parents=True, exist_ok=True)
+    for library in kernels.kernel_dir().glob("qdot-*.so"):
+        try:
+            os.link(library, target / library.name)
+        except OSError:
+            shutil.copy2(library, target / library.name)
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory, model_wheels: Path) -> Installed:
     home = tmp_path_factory.mktemp("home")
     layout = Layout(home)
     env = home_env(home)
     link_light_cache(layout.models)
+    link_kernels(home)
     done = run(["bash", str(INSTALL), *INSTALL_OPTIONS, "--models-from", str(model_wheels)],
                env)
     return Installed(layout, env, done.stdout + done.stderr)
