@@ -316,8 +316,8 @@ def test_first_token_first_lets_the_drafter_read_the_prompt_after_the_first_toke
 
 def test_first_token_first_keeps_every_seeded_draw() -> None:
     """The first token comes before the drafter has read the prompt; every token of a seeded
-    answer is still the one plain decoding draws (so the target's distribution, whose
-    seeded draws the test above counts)."""
+    answer is still the one plain decoding draws (so the target's distribution: the seeded
+    sampling test counts plain's draws)."""
     vocab = 5
     target = tiny_model("llama", vocab_size=vocab, seed=11, scale=3.0)
     draft = tiny_model("llama", vocab_size=vocab, seed=12, scale=3.0)
