@@ -195,3 +195,51 @@ def test_a_prefix_copy_is_a_cache_of_its_own() -> None:
     assert runner.cache.layers[0].keys.abs().sum() > 0
     with pytest.raises(ValueError, match="no prefix of 30"):
         runner.cache.prefix(30)  # longer than the cache
+
+
+def test_kept_features_stay_those_of_their_ids_through_growth_crops_trees_and_parking(
+) -> None:
+    """The runner writes new features into spare room of its buffer; whatever it does next,
+    its own and every parked cache's features are still those a fresh read of their ids
+    gives (a parked cache's buffer is never written again)."""
+    import random
+
+    model = tiny_model("llama", vocab_size=64, seed=1)
+    runner = ModelRunner(model)
+    runner.keep_hidden(True)
+    rng = random.Random(5)
+
+    def features(ids: list[int]) -> torch.Tensor:
+        fresh = ModelRunner(model)
+        fresh.keep_hidden(True)
+        fresh.sync(ids)
+        assert fresh.hidden is not None
+        return fresh.hidden
+
+    def check() -> None:
+        assert runner.hidden is not None and len(runner.hidden) == len(runner.ids)
+        if runner.ids:
+            assert torch.allclose(runner.hidden, features(runner.ids), atol=1e-10)
+        for parked in runner.parked:
+            assert parked.hidden is not None
+            assert torch.allclose(parked.hidden, features(parked.ids), atol=1e-10)
+
+    chats = [[3, 4], [5, 6, 7]]
+    for _ in range(60):
+        op = rng.choice(["grow", "grow", "grow", "crop", "tree", "switch", "restart"])
+        if op == "grow":
+            runner.forward([rng.randrange(3, 64) for _ in range(rng.randint(1, 40))])
+        elif op == "crop" and runner.ids:
+            runner.truncate(rng.randrange(len(runner.ids)))
+        elif op == "tree" and runner.ids:
+            start = len(runner.ids)
+            runner.forward_tree([rng.randrange(3, 64) for _ in range(4)], [-1, 0, 0, 1])
+            runner.keep_path(start, [0, 2])  # the root and its second child
+        elif op == "switch":
+            chats.append(list(runner.ids))
+            other = rng.choice(chats)
+            runner.resume(other)
+            runner.sync(other)
+        elif op == "restart":
+            runner.start_over(0)  # parks the cache, features and all
+        check()
