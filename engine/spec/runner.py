@@ -240,9 +240,9 @@ class ModelRunner(PrefixCache):
     def _grown(self, rows: torch.Tensor) -> torch.Tensor:
         """The kept features followed by ``rows [n, F]``. They are written into the spare
         room of the buffer the features start (doubling it when full), not copied with
-        every earlier row on each pass: at 900 tokens such a copy cost 1 % of a pass on
-        the Zen 1 machine, and it grows with the context. A parked cache's features are
-        never in that buffer (:meth:`_park` lets it go)."""
+        every earlier row on each pass, a cost that grows with the context (figures in
+        docs/measurements.md). A parked cache's features are never in that buffer
+        (:meth:`_park` lets it go)."""
         assert self.hidden is not None
         have, need = len(self.hidden), len(self.hidden) + len(rows)
         room = self._room
