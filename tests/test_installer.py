@@ -35,7 +35,7 @@ import pytest
 
 from engine.cpu import kernels
 from engine.models import registry
-from tests.worker_process import link_light_cache
+from tests.worker_process import link_light_cache, link_or_copy
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL = ROOT / "installer" / "linux" / "install.sh"
@@ -182,10 +182,7 @@ def link_kernels(home: Path) -> None:
     target = home / ".cache" / "anve" / "kernels"
     target.mkdir(parents=True, exist_ok=True)
     for library in kernels.kernel_dir().glob("qdot-*.so"):
-        try:
-            os.link(library, target / library.name)
-        except OSError:
-            shutil.copy2(library, target / library.name)
+        link_or_copy(library, target / library.name)
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,15 @@ from tests.conftest import LIGHT
 REPO = Path(__file__).resolve().parents[1]
 
 
+def link_or_copy(src: str | Path, dst: str | Path) -> None:
+    """A hard link of ``src`` at ``dst``, or a copy where linking fails (another file
+    system)."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
 def link_light_cache(models: Path) -> None:
     """Link (or copy, across file systems) the developer's converted light model into
     ``models``, a data directory's models folder; converts it there first if missing."""
@@ -39,14 +48,7 @@ def link_light_cache(models: Path) -> None:
         from engine.models import cache
 
         folder = cache.prepare(LIGHT).folder  # converts once into the developer's data dir
-
-    def link(src: str, dst: str) -> None:
-        try:
-            os.link(src, dst)
-        except OSError:
-            shutil.copy2(src, dst)
-
-    shutil.copytree(folder, models / "cache" / folder.name, copy_function=link)
+    shutil.copytree(folder, models / "cache" / folder.name, copy_function=link_or_copy)
 
 
 @dataclass(frozen=True)
