@@ -18,12 +18,14 @@ from engine.spec.decoding import decode
 from engine.spec.drafters import vocab as vocab_mod
 from engine.spec.drafters.draft_model import DraftModelDrafter
 from engine.spec.drafters.eagle import EagleDrafter
+from engine.spec.drafters.tree import choose
 from engine.spec.drafters.vocab import (
     Ranking,
     ShortHead,
     as_int4,
     draft_head,
     frequent_ids,
+    kept_logits,
     load_ranking,
     save_ranking,
     short_head,
@@ -387,3 +389,34 @@ def test_answer_spans_split_a_chat_where_its_last_answer_begins() -> None:
     ids, start = answer_spans(tokenizer, chat)
     assert ids == chat_ids(tokenizer, chat) and ids[:start] == prompt_ids(tokenizer, chat[:1])
     assert tokenizer.decode(ids[start:]).startswith("general kenobi")
+
+
+@pytest.mark.parametrize("gathered", [False, True])
+def test_kept_logits_are_the_finite_part_of_the_full_logits(gathered: bool) -> None:
+    torch.manual_seed(0)
+    layer = nn.Linear(HIDDEN, VOCAB, bias=False)
+    short = (short_head(layer, extra_ids=[95, 93], ids=[77, 5, 60, 12, 90])
+             if gathered else short_head(layer, extra_ids=[90, 3, 95], size=SIZE))
+    assert isinstance(short, ShortHead)
+    x = torch.randn(2, HIDDEN)
+    logits, ids = kept_logits(short, x)  # [2, N], [N]
+    assert ids is not None and torch.equal(ids, short.kept)  # ascending, each once
+    assert torch.equal(logits, short(x)[:, ids])
+    full, none = kept_logits(layer, x)
+    assert none is None and torch.equal(full, layer(x))
+
+
+def test_a_greedy_choice_over_the_kept_ids_is_the_one_over_the_vocabulary() -> None:
+    torch.manual_seed(1)
+    layer = nn.Linear(HIDDEN, VOCAB, bias=False)
+    short = short_head(layer, extra_ids=[90, 95], size=SIZE)
+    greedy, generator = SamplingParams(), torch.Generator()
+    for row in torch.randn(20, HIDDEN) * 3:
+        logits, ids = kept_logits(short, row[None])
+        fast = choose(logits[0], greedy, generator, 2, ids=ids)
+        full = choose(short(row[None])[0], greedy, generator, 2)
+        assert (fast.token, [t for t, _ in fast.alternatives]) == \
+            (full.token, [t for t, _ in full.alternatives])
+        assert fast.confidence == pytest.approx(full.confidence)
+    with pytest.raises(ValueError, match="whole vocabulary"):
+        choose(logits[0], SamplingParams(temperature=1.0), generator, ids=ids)

@@ -41,7 +41,7 @@ from engine.heads.model import EagleHead
 from engine.models.loading import LoadedModel
 from engine.spec.drafters import EMPTY_DRAFT, Draft, Drafter
 from engine.spec.drafters.tree import Level, branch, choose
-from engine.spec.drafters.vocab import draft_head
+from engine.spec.drafters.vocab import draft_head, kept_logits
 from engine.spec.runner import PrefixCache
 from engine.spec.sampling import SamplingParams
 
@@ -144,8 +144,12 @@ class EagleDrafter(Drafter):
         """Up to ``k`` tokens for context positions ``position, position + 1, ...``."""
         levels: list[Level] = []
         for i in range(k):
-            logits = self.lm_head(feature)[0]  # [V]
-            levels.append(choose(logits, params, generator, self.branches and 1, position + i))
+            if params.greedy:  # the kept ids' logits only, never spread over the vocabulary
+                logits, ids = kept_logits(self.lm_head, feature)  # [1, N], [N] (or [1, V], None)
+            else:
+                logits, ids = self.lm_head(feature), None  # [1, V]
+            levels.append(choose(logits[0], params, generator, self.branches and 1,
+                                 position + i, ids))
             if levels[-1].confidence < self.min_confidence or i + 1 == k:
                 break
             feature = self._step(feature, [levels[-1].token], target=False)  # [1, H]

@@ -36,18 +36,25 @@ class Level:
 
 
 def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator,
-           alternatives: int = 0, position: int | None = None) -> Level:
+           alternatives: int = 0, position: int | None = None,
+           ids: torch.Tensor | None = None) -> Level:
     """The chain's token at this depth from ``logits`` ``[V]`` and up to ``alternatives``
     others (greedy: the next likeliest; sampling: drawn without replacement).
 
-    In a seeded answer, the token for context ``position`` is drawn with the uniform the
-    target will use there (:func:`engine.spec.sampling.position_uniform`): where the draft's
-    distribution is close to the target's, the two pick the same token."""
+    Greedy ``logits`` may cover only some ids, ``ids`` ``[N]`` (ascending), the rest being
+    ``-inf`` (:func:`engine.spec.drafters.vocab.kept_logits`): the same tokens and, up to
+    rounding, the same confidences. In a seeded answer, the token for context ``position``
+    is drawn with the uniform the target will use there
+    (:func:`engine.spec.sampling.position_uniform`): where the draft's distribution is close
+    to the target's, the two pick the same token."""
     if params.greedy:
-        probs = logits.float().softmax(-1)  # [V]
+        probs = logits.float().softmax(-1)  # [V] or [N]
         top = probs.topk(1 + alternatives)
-        pairs = [(int(t), float(c)) for c, t in zip(top.values, top.indices, strict=True)]
+        tokens = top.indices if ids is None else ids[top.indices]
+        pairs = [(int(t), float(c)) for c, t in zip(top.values, tokens, strict=True)]
         return Level(pairs[0][0], pairs[0][1], None, pairs[1:])
+    if ids is not None:
+        raise ValueError("sampling draws from the whole vocabulary's logits, not some ids'")
     q = probabilities(logits, params)  # [V]
     if params.seed is not None and position is not None:
         token = quantile_token(q, position_uniform(params.seed, position))

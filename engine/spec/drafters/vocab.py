@@ -67,12 +67,25 @@ class ShortHead(nn.Module):
         self.register_buffer("frequent_ids", torch.zeros(0, dtype=torch.long)
                              if frequent_ids is None else frequent_ids)
         self.vocab_size = vocab_size
+        frequent = self.frequent_ids if len(self.frequent_ids) else torch.arange(self.size)
+        self._ids = torch.cat([frequent, self.extra_ids])  # kept_logits' columns, in order
 
     @property
     def kept(self) -> torch.Tensor:
         """The ids whose logits are computed, sorted ``[N + E]``."""
         frequent = self.frequent_ids if len(self.frequent_ids) else torch.arange(self.size)
         return torch.cat([frequent, self.extra_ids]).unique()
+
+    def kept_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kept ids' logits ``[..., N + E]`` and those ids ``[N + E]`` (ascending, as
+        :func:`short_head` builds them): what :meth:`forward` returns without spreading it
+        over the vocabulary (a greedy draft needs no ``-inf`` rest, and spreading it and
+        a softmax over the whole vocabulary were a share of a head's draft step worth
+        saving: docs/measurements.md)."""
+        logits = self.frequent(x)  # [..., N]
+        if self.extra is not None:  # ids past the low ones: above them, in order
+            logits = torch.cat([logits, self.extra(x)], dim=-1)  # [..., N + E]
+        return logits, self._ids
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.full((*x.shape[:-1], self.vocab_size), -torch.inf, dtype=x.dtype)  # [..., V]
@@ -233,3 +246,12 @@ def draft_head(lm_head: Any, extra_ids: Iterable[int], tokenizer: Any | None,
     if ids is None:
         return short_head(lm_head, extra_ids, DRAFT_VOCAB if size is None else size, int4)
     return short_head(lm_head, extra_ids, int4=int4, ids=ids)
+
+
+def kept_logits(head: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``head``'s logits of ``x`` over the ids it computes and those ids
+    (:meth:`ShortHead.kept_logits`), or the whole vocabulary's and ``None`` for a head
+    that computes all of it."""
+    if isinstance(head, ShortHead):
+        return head.kept_logits(x)
+    return head(x), None
