@@ -73,8 +73,7 @@ class ShortHead(nn.Module):
     @property
     def kept(self) -> torch.Tensor:
         """The ids whose logits are computed, sorted ``[N + E]``."""
-        frequent = self.frequent_ids if len(self.frequent_ids) else torch.arange(self.size)
-        return torch.cat([frequent, self.extra_ids]).unique()
+        return self._ids.unique()
 
     def kept_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The kept ids' logits ``[..., N + E]`` and those ids ``[N + E]`` (ascending, as
