@@ -420,3 +420,41 @@ def test_a_greedy_choice_over_the_kept_ids_is_the_one_over_the_vocabulary() -> N
         assert fast.confidence == pytest.approx(full.confidence)
     with pytest.raises(ValueError, match="whole vocabulary"):
         choose(logits[0], SamplingParams(temperature=1.0), generator, ids=ids)
+
+
+@pytest.mark.parametrize("target_vocab", [250, 400])
+def test_greedy_draft_model_steps_read_only_the_kept_logits_and_draft_the_same(
+        target_vocab: int) -> None:
+    """The draft model's greedy steps take the short head's kept logits, never the whole
+    vocabulary's, and draft what the spread logits draft: the same chains and leaves. A
+    target vocabulary smaller than the draft's drops the kept ids it lacks (300 here)."""
+    draft = tiny_model("llama", vocab_size=320, seed=3, scale=3.0)
+    model = LoadedModel("m", draft, None, None, 256, eos_ids=frozenset({2, 300}))
+
+    def drafter() -> DraftModelDrafter:
+        return DraftModelDrafter(model, target_vocab, min_confidence=0.0, draft_vocab=200,
+                                 branches=2, min_branch=0.0, int4_vocab=False, window=None)
+
+    fast, spread = drafter(), drafter()
+    assert fast.short is not None
+    expected = [i for i in [*range(200), 300] if i < target_vocab]
+    assert fast.columns.tolist() == expected
+    spread.short = None  # forced onto the path that spreads the logits over the vocabulary
+
+    def never(x: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("a greedy step spread its logits over the vocabulary")
+
+    fast.short.forward = never  # type: ignore[method-assign]
+    generator, chains = torch.Generator(), 0
+    for prompt in [*PROMPTS, [int(t) for t in torch.randint(3, 320, (40,))]]:
+        context = list(prompt)
+        for _ in range(6):
+            a = fast.propose(context, 4, GREEDY, generator)
+            b = spread.propose(context, 4, GREEDY, generator)
+            assert (a.tokens, a.parents, a.catch_up) == (b.tokens, b.parents, b.catch_up)
+            assert a.probs is None and set(a.tokens) <= set(expected)
+            chains += a.parents is not None
+            context += [a.tokens[0], (a.tokens[0] * 7 + 1) % 250]
+    assert chains > 0  # some drafts had leaves beside the chain
+    with pytest.raises(AssertionError, match="spread"):  # sampling still spreads them
+        fast.propose(context, 2, SamplingParams(temperature=1.0), generator)

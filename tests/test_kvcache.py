@@ -78,7 +78,8 @@ def counting(runner: ModelRunner) -> list[int]:
     """Record how many ids each forward of ``runner`` feeds."""
     fed: list[int] = []
     forward = runner.forward
-    runner.forward = lambda ids, rows=1: fed.append(len(ids)) or forward(ids, rows)  # type: ignore[method-assign]
+    runner.forward = lambda ids, rows=1, head=None: (  # type: ignore[method-assign]
+        fed.append(len(ids)) or forward(ids, rows, head))
     return fed
 
 

@@ -40,7 +40,7 @@ float32 rounding (norm sums, ``exp``).
 """
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from itertools import pairwise
 from typing import Any
@@ -509,12 +509,15 @@ class Forward:
 
     @torch.inference_mode()
     def step(self, ids: Sequence[int], cache: KVCache, rows: int, keep: bool,
-             parents: Sequence[int] | None = None, taps: Sequence[int] = ()
+             parents: Sequence[int] | None = None, taps: Sequence[int] = (),
+             head: Callable[[torch.Tensor], torch.Tensor] | None = None,
              ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits ``[rows, V]`` of the last ``rows`` new positions and, with ``keep``, the
         final normed hidden states ``[T, H]`` (after the residual streams of layers
         ``taps``: ``[T, (len(taps) + 1) H]``); ``rows=0`` skips the output layer (the logits
-        are then ``[0, 0]``). ``parents``: a draft tree (see the module)."""
+        are then ``[0, 0]``). ``parents``: a draft tree (see the module). ``head`` maps the
+        normed states ``[rows, H]`` to the logits in place of the output layer (a drafter's
+        kept ids only, ``[rows, N]``)."""
         if not ids:
             raise ValueError("a step needs at least one token")
         tree, depth = _tree(parents, len(ids))
@@ -522,11 +525,14 @@ class Forward:
         size = x.shape[-1]
         x = self.decoder.run(x, cache, depth, tree, taps if keep else ())  # [T, F]
         out = x[:, -size:]  # [T, H] the final normed state
-        logits = self.lm_head(out[len(ids) - rows :]) if rows else x[:0, :0]  # [rows, V]
+        output = self.lm_head if head is None else head
+        logits = output(out[len(ids) - rows :]) if rows else x[:0, :0]  # [rows, V]
         return logits, (x if keep else None)
 
     def read(self, ids: Sequence[int], cache: KVCache, rows: int, keep: bool,
-             taps: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+             taps: Sequence[int] = (),
+             head: Callable[[torch.Tensor], torch.Tensor] | None = None,
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`step` over any number of ids, in steps of at most :data:`READ_ROWS`
         (the row promise makes the result independent of the split)."""
         logits, features = [], []
@@ -534,7 +540,7 @@ class Forward:
             chunk = ids[start : start + READ_ROWS]
             after = len(ids) - start - len(chunk)  # positions after this chunk
             wanted = max(0, min(len(chunk), rows - after))
-            out, hidden = self.step(chunk, cache, wanted, keep, taps=taps)
+            out, hidden = self.step(chunk, cache, wanted, keep, taps=taps, head=head)
             if wanted:
                 logits.append(out)
             if hidden is not None:

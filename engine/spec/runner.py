@@ -30,7 +30,7 @@ member coming back to a chat after someone else's question does not wait for the
 conversation to be read again.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,8 @@ from engine.cpu import TREE_ROWS, KVCache, forward_for
 PARKED = 4  # other conversations' caches kept by resume
 PARKED_TOKENS = 16384  # positions they may hold together (Qwen 1.5B: 56 KiB each)
 CONTINUING = 16  # a prompt that shares all but this many of a cache's ids continues it
+
+Head = Callable[[torch.Tensor], torch.Tensor]  # normed states [rows, H] -> logits [rows, N]
 
 
 def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -221,14 +223,17 @@ class ModelRunner(PrefixCache):
             self.hidden = torch.empty(0, size, dtype=self.model_forward.dtype)
 
     @torch.inference_mode()
-    def forward(self, new_ids: Sequence[int], rows: int = 1) -> torch.Tensor:
-        """Append ``new_ids`` to the cache; return logits of the last ``rows`` positions.
+    def forward(self, new_ids: Sequence[int], rows: int = 1, head: Head | None = None
+                ) -> torch.Tensor:
+        """Append ``new_ids`` to the cache; return logits of the last ``rows`` positions,
+        from ``head`` in place of the output layer when given (its columns, e.g. a short
+        head's kept ids only).
 
-        Returns: ``[rows, V]`` float logits.
+        Returns: ``[rows, V]`` float logits (``[rows, N]`` from ``head``).
         """
         ids = [int(t) for t in new_ids]
         logits, hidden = self.model_forward.read(ids, self.cache, rows, self.hidden is not None,
-                                                 taps=self.taps)
+                                                 taps=self.taps, head=head)
         self._extend(ids, hidden)
         return logits  # [rows, V]
 
@@ -277,13 +282,14 @@ class ModelRunner(PrefixCache):
             self.hidden = self.hidden[:start]
             self.hidden = self._grown(kept)
 
-    def sync(self, ids: Sequence[int]) -> torch.Tensor | None:
+    def sync(self, ids: Sequence[int], head: Head | None = None) -> torch.Tensor | None:
         """Make the cache hold exactly ``ids``, reusing the shared prefix.
 
-        Returns the logits ``[V]`` after the last id when anything had to be fed,
-        else ``None`` (the forward reads a long tail in bounded steps itself).
+        Returns the logits ``[V]`` after the last id (``head``'s, as :meth:`forward`) when
+        anything had to be fed, else ``None`` (the forward reads a long tail in bounded
+        steps itself).
         """
         self.truncate(self.common_prefix(ids))
         if len(self.ids) == len(ids):
             return None
-        return self.forward(ids[len(self.ids) :], rows=1)[-1]
+        return self.forward(ids[len(self.ids) :], rows=1, head=head)[-1]

@@ -8,7 +8,9 @@ stops early after a token the draft itself gave less than ``min_confidence``
 (its probability), since the guesses after it would most likely be rejected (the
 threshold's replay measurements: docs/measurements.md). Its decoding steps compute
 logits only for the frequent ids and the end tokens, the frequent rows re-rounded to 4
-bits (:mod:`engine.spec.drafters.vocab`): cheaper steps, the same lossless acceptance. With
+bits (:mod:`engine.spec.drafters.vocab`): cheaper steps, the same lossless acceptance. Greedy
+steps read those ids' logits only and never spread them over the whole vocabulary; sampled
+ones spread them (``-inf`` elsewhere), since acceptance divides by the whole ``q``. With
 ``branches`` the chain gets up to that many alternatives as leaves beside it
 (:mod:`engine.spec.drafters.tree`), for runners that verify trees.
 
@@ -28,7 +30,7 @@ import torch
 from engine.models.loading import LoadedModel
 from engine.spec.drafters import EMPTY_DRAFT, Draft, Drafter
 from engine.spec.drafters.tree import Level, branch, choose
-from engine.spec.drafters.vocab import draft_head
+from engine.spec.drafters.vocab import ShortHead, draft_head
 from engine.spec.runner import ModelRunner, shared_prefix
 from engine.spec.sampling import SamplingParams
 
@@ -65,6 +67,16 @@ class DraftModelDrafter(Drafter):
                           draft.tokenizer if ranked_vocab else None, draft_vocab, int4_vocab)
         self.runner = ModelRunner(draft.model, head)
         self.vocab_size = target_vocab_size
+        # greedy steps: the short head's kept logits, of the kept ids the target has
+        self.short: ShortHead | None = None
+        self.columns = torch.zeros(0, dtype=torch.long)  # [N] the target ids they are
+        self.within: torch.Tensor | None = None  # [N'] which kept ids are those; None: all
+        if isinstance(head, ShortHead):
+            kept = head.columns
+            inside = kept < target_vocab_size
+            if bool(inside.any()):
+                self.short, self.columns = head, kept[inside]
+                self.within = None if bool(inside.all()) else inside
         self.min_confidence = min_confidence
         self.branches, self.min_branch = branches, min_branch  # tree drafting (tree.py)
         self.window = window
@@ -132,19 +144,30 @@ class DraftModelDrafter(Drafter):
         # Keep at least the last context token uncached so its logits come out.
         kept = min(self.runner.common_prefix(context), len(context) - 1)
         self.runner.truncate(kept)
-        logits = self.runner.sync(context)
+        short = self._kept_logits if params.greedy and self.short is not None else None
+        logits = self.runner.sync(context, short)  # [V] or, from short, [N]
         assert logits is not None
         levels: list[Level] = []
         for i in range(k):
-            row = fit_vocab(logits, self.vocab_size)  # [V]
-            levels.append(choose(row, params, generator, self.branches and 1, position + i))
+            alternatives, at = self.branches and 1, position + i
+            if short is not None:  # the kept ids' logits only
+                levels.append(choose(logits, params, generator, alternatives, at, self.columns))
+            else:
+                row = fit_vocab(logits, self.vocab_size)  # [V]
+                levels.append(choose(row, params, generator, alternatives, at))
             if levels[-1].confidence < self.min_confidence:
                 break  # later guesses would most likely be rejected
             if i + 1 < k:
-                logits = self.runner.forward([levels[-1].token])[-1]
+                logits = self.runner.forward([levels[-1].token], head=short)[-1]
         return replace(branch(levels, self.branches, self.min_branch),
                        catch_up=len(context) - kept)
 
+    def _kept_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The short head's logits ``[rows, N]`` of the normed states ``x`` ``[rows, H]``,
+        over :attr:`columns` (kept ids the target's vocabulary has)."""
+        assert self.short is not None
+        logits, _ = self.short.kept_logits(x)  # [rows, N']
+        return logits if self.within is None else logits[..., self.within]
 
     def reset(self) -> None:
         self.runner.reset()

@@ -75,6 +75,11 @@ class ShortHead(nn.Module):
         """The ids whose logits are computed, sorted ``[N + E]``."""
         return self._ids.unique()
 
+    @property
+    def columns(self) -> torch.Tensor:
+        """The ids of :meth:`kept_logits`' columns, in their order ``[N + E]``."""
+        return self._ids
+
     def kept_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The kept ids' logits ``[..., N + E]`` and those ids ``[N + E]`` (ascending, as
         :func:`short_head` builds them): what :meth:`forward` returns without spreading it
