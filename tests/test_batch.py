@@ -43,17 +43,19 @@ class FakeForward:
         return out
 
     def step(self, ids: Sequence[int], cache: list[int], rows: int, keep: bool,
-             parents: Sequence[int] | None = None, taps: Sequence[int] = ()
-             ) -> tuple[torch.Tensor, None]:
+             parents: Sequence[int] | None = None, taps: Sequence[int] = (),
+             head: Any = None) -> tuple[torch.Tensor, None]:
         if self.fail:
             raise RuntimeError("the forward broke")
-        self.calls.append(("tree" if parents else "step", [list(ids)]))
-        return self._logits(ids, cache, rows), None
+        self.calls.append(("tree" if parents else "head" if head else "step", [list(ids)]))
+        logits = self._logits(ids, cache, rows)
+        return (logits if head is None else head(logits)), None
 
     def read(self, ids: Sequence[int], cache: list[int], rows: int, keep: bool,
-             taps: Sequence[int] = ()) -> tuple[torch.Tensor, None]:
+             taps: Sequence[int] = (), head: Any = None) -> tuple[torch.Tensor, None]:
         self.calls.append(("read", [list(ids)]))
-        return self._logits(ids, cache, rows), None
+        logits = self._logits(ids, cache, rows)
+        return (logits if head is None else head(logits)), None
 
     def step_many(self, steps: Sequence[tuple[Sequence[int], list[int]]],
                   rows: Sequence[int], keep: bool = False, taps: Sequence[int] = ()
@@ -252,3 +254,22 @@ def test_a_lane_counts_the_rows_the_others_put_into_its_pass() -> None:
     batch.add(narrow)
     drain(batch)
     assert seen == [5, 5, 5]  # wide posted its 5 rows before narrow chose its own
+
+
+def test_rows_with_an_output_layer_of_their_own_run_alone_with_it() -> None:
+    """A drafter's short output layer (kept ids only) never mixes with the shared call's."""
+    fake = FakeForward()
+    fwd = BatchedForward(fake)
+    batch = Batch()
+    got: list[torch.Tensor] = []
+
+    def kept(logits: torch.Tensor) -> torch.Tensor:
+        return logits[:, :2] * 10  # [rows, 2]
+
+    batch.add(lambda: got.append(fwd.step([4], [], 1, False, head=kept)[0]))
+    batch.add(lambda: fwd.step([9], [], 1, False))
+    batch.add(lambda: fwd.step([8], [], 1, False))
+    drain(batch)
+    assert sorted(kind for kind, _ in fake.calls) == ["head", "many"]
+    assert torch.equal(got[0], torch.tensor([[40.0, 0.0]]))
+    assert torch.equal(fwd.read([1, 2, 3], [], 1, False, head=kept)[0], torch.tensor([[50.0, 0.0]]))

@@ -36,7 +36,7 @@ from engine.spec.calibration import (
 from engine.spec.drafters import Draft, Drafter
 from engine.spec.drafters.ngram import NgramDrafter
 from engine.spec.drafters.suffix import SuffixDrafter
-from engine.spec.runner import ModelRunner
+from engine.spec.runner import Head, ModelRunner
 from engine.spec.session import ChatEngine
 from engine.tools import bench
 from tests.tiny import tiny_loaded, tiny_model
@@ -297,9 +297,10 @@ def test_a_slow_spell_while_measuring_leaves_the_ratios_and_steps_right(
     clock = SpellClock(slow_from)
     forward = ModelRunner.forward
 
-    def timed(runner: ModelRunner, ids: list[int], rows: int = 1) -> object:
+    def timed(runner: ModelRunner, ids: list[int], rows: int = 1, head: Head | None = None
+              ) -> object:
         clock.work(1 + 0.1 * (rows - 1))
-        return forward(runner, ids, rows=rows)
+        return forward(runner, ids, rows=rows, head=head)
 
     monkeypatch.setattr(ModelRunner, "forward", timed)
     cal, _ = measured(measure(tiny_model("llama", vocab_size=64, seed=1),
@@ -317,9 +318,10 @@ def test_a_round_measures_short_drafts_sizes_three_times_each_after_a_t1(
     rows_run: list[int] = []
     forward = ModelRunner.forward
 
-    def counted(runner: ModelRunner, ids: list[int], rows: int = 1) -> object:
+    def counted(runner: ModelRunner, ids: list[int], rows: int = 1, head: Head | None = None
+                ) -> object:
         rows_run.append(rows)
-        return forward(runner, ids, rows=rows)
+        return forward(runner, ids, rows=rows, head=head)
 
     monkeypatch.setattr(ModelRunner, "forward", counted)
     measured(measure(tiny_model("llama", vocab_size=64, seed=1), {}, "key", budget_s=1e9,

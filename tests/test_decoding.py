@@ -348,7 +348,8 @@ def test_a_draft_model_catches_up_with_the_prompt_before_the_first_pass() -> Non
     assert drafter.runner.ids == prompt[:-1]
     fed: list[int] = []
     forward = drafter.runner.forward
-    drafter.runner.forward = lambda ids, rows=1: fed.append(len(ids)) or forward(ids, rows)
+    drafter.runner.forward = lambda ids, rows=1, head=None: (
+        fed.append(len(ids)) or forward(ids, rows, head))
     drafter.propose(prompt, 3, SamplingParams(), torch.Generator())
     assert fed == [1, 1, 1]  # the prompt's last token, then one per further draft token
 

@@ -17,6 +17,7 @@ from engine.cpu.forward import (
     TREE_ROWS,
     Forward,
     ForwardPlan,
+    Head,
     KVCache,
     Stack,
     UnsupportedModelError,
@@ -25,5 +26,5 @@ from engine.cpu.forward import (
 from engine.cpu.layers import as_int4, select_rows
 from engine.cpu.quantize import int8_layers
 
-__all__ = ["TREE_ROWS", "Forward", "ForwardPlan", "KVCache", "Stack", "UnsupportedModelError",
-           "as_int4", "forward_for", "int8_layers", "select_rows"]
+__all__ = ["TREE_ROWS", "Forward", "ForwardPlan", "Head", "KVCache", "Stack",
+           "UnsupportedModelError", "as_int4", "forward_for", "int8_layers", "select_rows"]

@@ -55,6 +55,8 @@ SUPPORTED = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM"})
 TREE_ROWS = 16  # rows of one verification step (a chain or a draft tree)
 READ_ROWS = 64  # positions per native call while reading a prompt
 MIN_CAPACITY = 256  # positions a layer's cache allocates at first use
+# an output layer a call may use in place of the model's: normed states [rows, H] -> logits
+Head = Callable[[torch.Tensor], torch.Tensor]
 
 ROLES = ("q", "k", "v", "o", "gate", "up", "down")
 
@@ -510,7 +512,7 @@ class Forward:
     @torch.inference_mode()
     def step(self, ids: Sequence[int], cache: KVCache, rows: int, keep: bool,
              parents: Sequence[int] | None = None, taps: Sequence[int] = (),
-             head: Callable[[torch.Tensor], torch.Tensor] | None = None,
+             head: Head | None = None,
              ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits ``[rows, V]`` of the last ``rows`` new positions and, with ``keep``, the
         final normed hidden states ``[T, H]`` (after the residual streams of layers
@@ -531,7 +533,7 @@ class Forward:
 
     def read(self, ids: Sequence[int], cache: KVCache, rows: int, keep: bool,
              taps: Sequence[int] = (),
-             head: Callable[[torch.Tensor], torch.Tensor] | None = None,
+             head: Head | None = None,
              ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`step` over any number of ids, in steps of at most :data:`READ_ROWS`
         (the row promise makes the result independent of the split)."""

@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from engine.cpu import Head
+
 PROMPT_ROWS = 32  # prompt rows one lane adds to a pass (more than a verification's)
 
 _current = threading.local()  # .lane: the Lane this thread runs, if any
@@ -50,6 +52,7 @@ class Rows:
     keep: bool
     parents: list[int] | None = None
     taps: tuple[int, ...] = ()  # layers whose residual streams the kept features add
+    head: Head | None = None  # in place of the output layer (a drafter's kept ids)
     result: tuple[torch.Tensor, torch.Tensor | None] | None = None
     error: BaseException | None = None
 
@@ -158,11 +161,12 @@ class Batch:
 
 
 def run(posted: Sequence[Rows]) -> None:
-    """Compute every posted share: the plain ones of each forward in one call, trees
-    alone; an error reaches the lanes whose rows it concerns."""
+    """Compute every posted share: the plain ones of each forward in one call, trees and
+    rows with an output layer of their own alone; an error reaches the lanes whose rows it
+    concerns."""
     shared: dict[tuple[int, tuple[int, ...]], list[Rows]] = {}
     for rows in posted:
-        if rows.parents is None:
+        if rows.parents is None and rows.head is None:
             key = (id(rows.forward), rows.taps if rows.keep else ())
             shared.setdefault(key, []).append(rows)
         else:
@@ -186,7 +190,7 @@ def run(posted: Sequence[Rows]) -> None:
 def _alone(rows: Rows) -> None:
     try:
         rows.result = rows.forward.step(rows.ids, rows.cache, rows.rows, rows.keep, rows.parents,
-                                        rows.taps)
+                                        rows.taps, head=rows.head)
     except Exception as exc:
         rows.error = exc
 
@@ -232,28 +236,31 @@ class BatchedForward:
         return self.forward.new_cache()
 
     def step(self, ids: Sequence[int], cache: Any, rows: int, keep: bool,
-             parents: Sequence[int] | None = None, taps: Sequence[int] = ()
+             parents: Sequence[int] | None = None, taps: Sequence[int] = (),
+             head: Head | None = None,
              ) -> tuple[torch.Tensor, torch.Tensor | None]:
         lane = current()
         if lane is None:
-            return self.forward.step(ids, cache, rows, keep, parents, taps)
+            return self.forward.step(ids, cache, rows, keep, parents, taps, head=head)
         return lane.post(Rows(self.forward, [int(t) for t in ids], cache, rows, keep,
                               None if parents is None else [int(p) for p in parents],
-                              tuple(taps)))
+                              tuple(taps), head))
 
     def read(self, ids: Sequence[int], cache: Any, rows: int, keep: bool,
-             taps: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+             taps: Sequence[int] = (),
+             head: Head | None = None,
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Like the forward's ``read``; in a lane, :data:`PROMPT_ROWS` rows per pass."""
         lane = current()
         if lane is None:
-            return self.forward.read(ids, cache, rows, keep, taps)
+            return self.forward.read(ids, cache, rows, keep, taps, head=head)
         logits, features = [], []
         for start in range(0, len(ids), PROMPT_ROWS):
             chunk = [int(t) for t in ids[start : start + PROMPT_ROWS]]
             after = len(ids) - start - len(chunk)
             wanted = max(0, min(len(chunk), rows - after))
             out, hidden = lane.post(Rows(self.forward, chunk, cache, wanted, keep,
-                                         taps=tuple(taps)))
+                                         taps=tuple(taps), head=head))
             if wanted:
                 logits.append(out)
             if hidden is not None:

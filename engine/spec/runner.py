@@ -30,19 +30,17 @@ member coming back to a chat after someone else's question does not wait for the
 conversation to be read again.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from engine.cpu import TREE_ROWS, KVCache, forward_for
+from engine.cpu import TREE_ROWS, Head, KVCache, forward_for
 
 PARKED = 4  # other conversations' caches kept by resume
 PARKED_TOKENS = 16384  # positions they may hold together (Qwen 1.5B: 56 KiB each)
 CONTINUING = 16  # a prompt that shares all but this many of a cache's ids continues it
-
-Head = Callable[[torch.Tensor], torch.Tensor]  # normed states [rows, H] -> logits [rows, N]
 
 
 def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
