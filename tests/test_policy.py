@@ -469,3 +469,65 @@ def test_a_lookup_keeps_drafting_after_the_model_part_is_switched_off(
     assert parts.parts["draft"].off_passes > 0  # the wrong model was switched off ...
     assert parts.parts["suffix"].accepted > 1  # ... while the lookup's drafts were kept
     assert sum(s.accepted for s in steps[-20:]) > 0  # and it went on drafting
+
+
+def test_a_drafter_that_could_not_pay_even_if_always_right_is_never_probed() -> None:
+    """A step of 1.5 t(1) on the Zen 5 machine's rows loses even with every draft accepted:
+    it is never probed, whatever the cool-downs; a step of 0.3 t(1), which pays when its
+    drafts are accepted, still is (its probing bounded by the test above)."""
+    hopeless, _, _ = simulate(calibrated(1.5), 400, accepts=False, step=1.5)
+    assert not any(hopeless)
+    assert choose_gamma(1.0, 1.5, ratio, 15) == 0 and choose_gamma(1.0, 0.3, ratio, 15) > 0
+    probed, _, _ = simulate(calibrated(0.3), 400, accepts=False, step=0.3)
+    assert sum(g > 0 for g in probed) >= 3
+
+
+class ReadingDrafter(SlowWrongDrafter):
+    """A model drafter's shape: it reads the prompt first (a second of the clock)."""
+
+    reads_prompt = True
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock)
+        self.reads: list[int] = []  # the context's length at each reading
+
+    def prefill(self, context):  # type: ignore[no-untyped-def]
+        self.reads.append(len(context))
+        self.clock.spend(1.0)
+
+
+def machine(draft_cost: float) -> DraftPolicy:
+    """A calibrated policy at this clock's t(1) (1 ms), Zen 5's rows."""
+    return DraftPolicy.calibrated(0.001, {k: ratio(k) for k in range(2, 9)}, draft_cost)
+
+
+def test_a_drafter_reads_the_prompt_only_before_its_first_draft(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompt = [5, 6, 7, 8, 5, 6, 7]
+    clock, run = clocked(monkeypatch, prompt, 30)
+    plain, _ = run(None, None)
+    never = ReadingDrafter(clock)  # a step of 5 t(1): no pass drafts, nothing is read
+    tokens, steps = run(never, machine(0.005))
+    assert tokens == plain and never.reads == []
+    assert not any(s.drafted or s.drafter_prefill_s for s in steps)
+    drafts = ReadingDrafter(clock)  # a cheap step: it drafts from its first pass
+    tokens, steps = run(drafts, machine(0.00001))
+    first = next(i for i, s in enumerate(steps) if s.drafted)
+    assert tokens == plain and drafts.reads == [len(prompt) + first]
+    assert [s.drafter_prefill_s >= 1.0 for s in steps[: first + 1]] == [False] * first + [True]
+    assert steps[first].draft_s < 1.0  # the reading is not counted as drafting
+
+
+def test_a_hybrids_lookup_passes_do_not_have_its_model_read_the_prompt(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock, run = clocked(monkeypatch, [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7], 60)
+    model = ReadingDrafter(clock)
+    hybrid = HybridDrafter({"suffix": SuffixDrafter(), "draft": model})
+    plain, _ = run(None, None)
+    parts = PartPolicies({"suffix": DraftPolicy(max_gamma=8), "draft": machine(0.005)})
+    tokens, steps = run(hybrid, parts)
+    assert tokens == plain and sum(s.drafted for s in steps) > 0
+    assert parts.parts["suffix"].accepted > 1 and model.reads == []
+    assert hybrid.reads_for("suffix") is False and hybrid.reads_for("draft") is True

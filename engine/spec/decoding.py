@@ -49,7 +49,7 @@ class Step:
     finish_reason: str | None = None  # "stop", "length", "cancelled" on the last step
     forwarded: bool = True  # False for a closing step that ran no target pass
     auto_off: bool = False  # the policy ran this pass plain because drafting did not pay
-    drafter_prefill_s: float = 0.0  # the drafter's deferred reading of the prompt, before it
+    drafter_prefill_s: float = 0.0  # the drafter's reading of the prompt, before its first draft
 
     @classmethod
     def closing(cls, reason: str) -> "Step":
@@ -158,11 +158,12 @@ def decode(
     """Generate after ``prompt`` (non-empty, shorter than ``max_context``), one pass per step.
 
     With a ``policy`` the draft length is chosen per pass (adaptive, may be 0);
-    otherwise it is ``num_draft_tokens`` whenever there is room. With
-    ``first_token_first`` a drafter that reads the prompt itself (``prefill``: a draft
-    model, an EAGLE head) does so only after the first pass, which then runs plain: the
-    first token comes as soon as the target has read the prompt, and the drafter's
-    reading (reported as the next step's ``drafter_prefill_s``) costs the same later.
+    otherwise it is ``num_draft_tokens`` whenever there is room. A drafter that reads the
+    prompt itself (``prefill``: a draft model, an EAGLE head) does so right before its
+    first draft (reported apart, as that step's ``drafter_prefill_s``), so an answer in
+    which the policy never drafts does not pay for it. With ``first_token_first`` the
+    first pass runs plain: the first token comes as soon as the target has read the
+    prompt, and the drafter's reading costs the same later.
     ``generator`` (default: one seeded with ``params.seed``) draws the drafters' samples
     and, in unseeded sampling, the acceptance tests (a seeded answer's tokens come from
     :func:`seeded_tokens`).
@@ -173,8 +174,7 @@ def decode(
     target.keep_hidden(wants_hidden, drafter.feature_layers if drafter is not None else ())
     target.sync(context[:-1])
     ready = not (first_token_first and drafter is not None and drafter.reads_prompt)
-    if ready:
-        prefill_drafter(drafter, target, context)
+    read = False  # the drafter has read the prompt (it does so before its first draft)
     produced = 0
     while True:
         if cancel is not None and cancel.is_set():
@@ -185,28 +185,30 @@ def decode(
             yield Step.closing("length")
             return
         prefill_s = 0.0
-        if not ready and produced:
-            start = time.perf_counter()
-            prefill_drafter(drafter, target, context)
-            ready, prefill_s = True, time.perf_counter() - start
+        ready = ready or produced > 0
         t0 = time.perf_counter()
-        k, auto_off, active = 0, False, None
+        k, auto_off, active, part = 0, False, None, None
         if drafter is not None and ready:
             if policy is not None:
                 # the part that drafts this pass, if the drafter has parts, and its policy
-                active = policy.select(drafter.part_for(context, min(policy.max_gamma,
-                                                                     room - 1)))
+                part = drafter.part_for(context, min(policy.max_gamma, room - 1))
+                active = policy.select(part)
                 active.others, active.others_rows = sharing(), sharing_rows()
             k = active.next_gamma(room) if active else min(num_draft_tokens, room - 1)
             auto_off = active is not None and active.last_off
         draft = EMPTY_DRAFT
         if drafter is not None and k > 0:
+            if not read and drafter.reads_for(part):
+                start = time.perf_counter()
+                prefill_drafter(drafter, target, context)
+                read, prefill_s = True, time.perf_counter() - start
             if wants_hidden:
                 drafter.observe_hidden(target.hidden)
             draft = drafter.propose(context, k, params, generator)
             if draft.parents is not None and len(draft) >= target.tree_rows:
                 draft = draft.main_chain()  # too many rows for one step
         t1 = time.perf_counter()
+        draft_s = t1 - t0 - prefill_s  # the drafter's reading is not drafting
         if draft.parents is None:
             logits = target.forward([context[-1], *draft.tokens], rows=len(draft) + 1)  # [G+1, V]
             n, nxt = verify(logits, draft, params, generator, len(context))
@@ -222,7 +224,7 @@ def decode(
         if drafter is not None and len(draft):
             drafter.observe(context, len(draft), n)
         if active is not None:  # a tree's depth is what its acceptance is measured on
-            active.update(draft.depth, n, t1 - t0, t2 - t1, draft.catch_up)
+            active.update(draft.depth, n, draft_s, t2 - t1, draft.catch_up)
         tokens, flags = [*kept, nxt], [True] * n + [False]
         finish = None
         for i, token in enumerate(tokens):
@@ -233,7 +235,7 @@ def decode(
         produced += len(tokens)
         if finish is None and produced >= max_new_tokens:
             finish = "length"
-        yield Step(tuple(tokens), tuple(flags), len(draft), n, t1 - t0, t2 - t1, finish,
+        yield Step(tuple(tokens), tuple(flags), len(draft), n, draft_s, t2 - t1, finish,
                    auto_off=auto_off, drafter_prefill_s=prefill_s)
         if finish is not None:
             return

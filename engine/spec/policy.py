@@ -49,7 +49,11 @@ model drafter whose reading of the skipped text alone costs more is not probed a
 until the next answer. Where the calibration measured that reading per token over a
 long context, the policy takes it from there (one short catch-up, with its call's
 overhead spread over a few tokens or slowed by the machine, reads dearer per token), so
-one probe does not end probing for a drafter whose reading is cheap.
+one probe does not end probing for a drafter whose reading is cheap. A probe is not made
+at all while not even drafts that were all accepted would pay at the measured costs
+(:func:`choose_gamma` at ``alpha = 1``): the cool-down goes on, and the decoding loop, which
+has a drafter read the prompt only before its first draft, never has it read (a draft
+model on a machine where extra verified rows are dear costs plain decoding nothing).
 
 A drafter made of parts (the hybrid: a lookup where it finds one, else a model) gets a
 :class:`PartPolicies`: one :class:`DraftPolicy` per part, so each part has its own
@@ -294,6 +298,12 @@ class DraftPolicy:
             # (a free drafter for an unmeasured one): it waits for a quieter pass
             self.yielded = True
             return 0
+        if self.probe and self.draft_cost is not None and self.t1 is not None \
+                and not choose_gamma(1.0, self.draft_cost, self.verify_cost, limit, fill):
+            # not even drafts that were all accepted would pay at this machine's costs (a
+            # draft model where extra rows are dear): no probe, no reading, a longer wait
+            self.probe = False
+            return self._switch_off()
         if self.probe and self.draft_cost is not None and self.t1 is not None:
             self.probe, self.probing = False, True
             self.last_asked = max(1, choose_gamma(hopeful, self.draft_cost, self.verify_cost,
@@ -318,12 +328,15 @@ class DraftPolicy:
             if self.yielded:
                 return 0
         self.last_asked = gamma
-        if gamma == 0:
-            self.cooldown = max(self.next_cooldown, self.min_cooldown) - 1
-            self.next_cooldown = min(self.next_cooldown * 2, MAX_COOLDOWN)
-            self.off_passes += 1
-            self.last_off = True
-        return gamma
+        return self._switch_off() if gamma == 0 else gamma
+
+    def _switch_off(self) -> int:
+        """A plain pass that starts a cool-down (doubling each time, up to the maximum)."""
+        self.cooldown = max(self.next_cooldown, self.min_cooldown) - 1
+        self.next_cooldown = min(self.next_cooldown * 2, MAX_COOLDOWN)
+        self.off_passes += 1
+        self.last_off = True
+        return 0
 
     def _measured(self, fed: int, seconds: float) -> None:
         """Fold one verification's time into ``t1`` or the ratio for ``fed`` tokens. A

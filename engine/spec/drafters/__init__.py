@@ -17,11 +17,14 @@ decoding loop uses, each with a default, so the loop never probes for one:
   none) the residual streams after those target layers come first, side by side
   (``[len(context) - 1, (len(feature_layers) + 1) H]``, EAGLE-3 heads).
 * ``reads_prompt`` (default ``False``) and ``prefill(context)``: a drafter with a model
-  of its own catches up with the prompt before the first pass, so that this one-off cost
-  counts as prompt processing and not as the cost of drafting a token, which the adaptive
-  policy weighs. ``prefill`` is idempotent; the default does nothing. ``unread(context)``
-  (default 0) says how many tokens that reading would take now, its cache considered,
-  without moving anything, so ``auto`` can cost a drafter that has to catch up.
+  of its own catches up with the prompt before its first draft of an answer, so that this
+  one-off cost counts as prompt processing and not as the cost of drafting a token, which
+  the adaptive policy weighs; an answer it never drafts for never has it read the prompt.
+  ``reads_for(part)`` says whether a pass drafted by ``part`` needs that reading (the
+  hybrid's lookup does not). ``prefill`` is idempotent; the default does nothing.
+  ``unread(context)`` (default 0) says how many tokens that reading would take now, its
+  cache considered, without moving anything, so ``auto`` can cost a drafter that has to
+  catch up.
 * ``reset()`` forgets whatever the drafter cached (default: nothing to forget).
 * ``parts`` (default none) names the engine's other drafters this one drafts with, one
   of them each pass (the hybrid: the lookup, else the draft model), so a pass may cost
@@ -123,8 +126,14 @@ class Drafter:
         del features
 
     def prefill(self, context: Sequence[int]) -> None:
-        """Catch up with ``context`` before the first pass (drafters that read prompts)."""
+        """Catch up with ``context`` before the first draft (drafters that read prompts)."""
         del context
+
+    def reads_for(self, part: str | None) -> bool:
+        """Whether a pass drafted by ``part`` (:meth:`part_for`'s answer) needs the
+        prompt read first (:meth:`prefill`)."""
+        del part
+        return self.reads_prompt
 
     def unread(self, context: Sequence[int]) -> int:
         """Tokens of ``context`` the drafter's own model would read before its first draft

@@ -84,6 +84,11 @@ class HybridDrafter(Drafter):
     def unread(self, context: Sequence[int]) -> int:
         return self.drafters[self.model].unread(context)
 
+    def reads_for(self, part: str | None) -> bool:
+        """A lookup's pass reads nothing: the model part reads the prompt before its own
+        first draft."""
+        return part != LOOKUP and self.reads_prompt
+
     def part_for(self, context: Sequence[int], k: int) -> str | None:
         """The lookup when it finds at least ``min_lookup`` tokens (fewer only where ``k``
         is smaller) among ``k``, else the model part; the next ``propose`` on this
