@@ -11,7 +11,7 @@ from engine.spec.drafters.eagle import EagleDrafter
 from engine.spec.drafters.hybrid import HybridDrafter
 from engine.spec.drafters.ngram import NgramDrafter
 from engine.spec.drafters.suffix import SuffixDrafter
-from engine.spec.policy import PartPolicies
+from engine.spec.policy import DraftPolicy, PartPolicies
 from engine.spec.runner import ModelRunner
 from engine.spec.sampling import SamplingParams
 from engine.tools.replay import (
@@ -110,6 +110,21 @@ def test_a_free_perfect_drafter_is_predicted_k_plus_one_times_faster() -> None:
         "overall"]
     assert generation == pytest.approx(19 / 3)  # 4 passes of 5 tokens, less the first token's
     assert speedup == pytest.approx(21 / (2 + 3))
+
+
+def test_a_model_pays_its_prompt_reading_only_in_answers_it_drafts_for() -> None:
+    """As the engine reads a drafter's prompt before its first draft: a fixed length pays
+    the reading (6 s here) once; an adaptive model too dear to pay never drafts nor reads."""
+    answer = list(range(10, 30))
+    case = Case("free chat", [1, 2, 3], answer, 21.0, 2.0)  # 1 s per token after the first
+    tr = Trace(answer, [1.0] * len(answer), 6.0)
+    free, flat = interpolate({1: 0.0, 2: 0.0}), interpolate({1: 1.0, 2: 1.0})
+    fixed = predict([case], [tr], Method("draft", 4, model="draft"), flat, free)["overall"]
+    assert fixed == (pytest.approx(21 / (2 + 3 + 6)), pytest.approx(19 / (3 + 6)))
+    dear = interpolate({1: 5.0, 2: 5.0})  # a draft step of five target steps
+    policy = DraftPolicy.calibrated(1.0, {k: 1.0 + 0.5 * (k - 1) for k in range(2, 9)}, 5.0)
+    adaptive = Method("draft", None, model="draft", policy=policy)
+    assert predict([case], [tr], adaptive, flat, dear)["overall"] == (1.0, 1.0)
 
 
 def test_costs_are_measured_for_every_size_of_both_models() -> None:

@@ -24,7 +24,8 @@ forward over ``k`` tokens (a step, or a catch-up with context it did not see), a
 its prompt processing per prompt; the head's step and its reading per prompt token
 come from :func:`engine.spec.calibration.measure`. Times are in units of ``t(1)`` and
 scaled, per prompt, by the recorded plain generation time per token; the recorded time
-to the first token is kept and the model's prompt processing added to it.
+to the first token is kept, and the model's prompt processing is added before its first
+draft, as the engine reads it (an answer it never drafts for does not pay for it).
 """
 
 import argparse
@@ -175,7 +176,8 @@ def lookup(method: Method, context: list[int], k: int) -> list[int]:
 def replay(case: Case, trace: Trace | None, method: Method, t: Costs, d: Costs
            ) -> tuple[float, list[int]]:
     """Predicted generation time of ``case`` after its first token (in the unit of ``t``
-    and ``d``) and the tokens each pass's verification kept.
+    and ``d``; with a model's prompt reading before its first draft, if it drafts) and the
+    tokens each pass's verification kept.
 
     A hybrid (a lookup and a model) routes each pass as the engine's does
     (:meth:`engine.spec.drafters.hybrid.HybridDrafter.part_for`): to the lookup where it
@@ -184,6 +186,7 @@ def replay(case: Case, trace: Trace | None, method: Method, t: Costs, d: Costs
     (:class:`engine.spec.policy.PartPolicies`)."""
     answer, context = case.answer, list(case.prompt)
     i, total, cached = 0, 0.0, len(case.prompt) - 1  # the model's cache length
+    read = False  # the model has read the prompt (the engine does so before its first draft)
     kept_per_pass: list[int] = []
     method.policy.new_answer()
     while i < len(answer):
@@ -202,6 +205,9 @@ def replay(case: Case, trace: Trace | None, method: Method, t: Costs, d: Costs
             tokens = found[:gamma] if part == LOOKUP else lookup(method, context, gamma)
             drafted, accepted = len(tokens), kept(tokens, answer, i)
         if gamma > 0 and method.model and drafted == 0 and trace is not None:
+            if not read:
+                total += trace.prefill_s / case.per_token_s
+                read = True
             drafted, accepted = model_chain(trace, answer, i, gamma, method.min_confidence)
             catch_up = len(context) - cached
             draft_cost = d(catch_up) + (drafted - 1) * d(1)
@@ -225,12 +231,11 @@ def predict(cases: Sequence[Case], traces: Sequence[Trace], method: Method, t: C
     sums: dict[str, list[float]] = {}
     for case, trace in zip(cases, traces, strict=True):
         units, _ = replay(case, trace, method, t, d)
-        gen = units * case.per_token_s
-        extra = trace.prefill_s if method.model else 0.0
+        gen = units * case.per_token_s  # with the model's prompt reading, if it drafted
         for key in (case.kind, "overall"):
             s = sums.setdefault(key, [0.0, 0.0, 0.0, 0.0])
             s[0] += case.seconds
-            s[1] += case.first_s + extra + gen
+            s[1] += case.first_s + gen
             s[2] += case.seconds - case.first_s
             s[3] += gen
     return {key: (s[0] / s[1], s[2] / s[3]) for key, s in sums.items()}
