@@ -17,6 +17,7 @@ from engine.spec.policy import (
     PROBE_SHARE,
     SHARED_SLACK,
     SPIKE,
+    T1_EVERY,
     DraftPolicy,
     PartPolicies,
     Policy,
@@ -531,3 +532,20 @@ def test_a_hybrids_lookup_passes_do_not_have_its_model_read_the_prompt(
     assert tokens == plain and sum(s.drafted for s in steps) > 0
     assert parts.parts["suffix"].accepted > 1 and model.reads == []
     assert hybrid.reads_for("suffix") is False and hybrid.reads_for("draft") is True
+
+
+def test_a_stale_t1_is_measured_again_while_drafting_every_pass() -> None:
+    """A calibration taken in a slow moment (t(1) twice the machine's) makes every ratio
+    measured against it look half as dear, and a drafter that drafts every pass never
+    measures t(1) again: a plain pass every T1_EVERY passes does, and the ratios follow."""
+    policy = DraftPolicy.calibrated(2.0, {k: ratio(k) for k in range(2, 17)}, 0.01,
+                                    max_gamma=4)
+    gammas, _, _ = simulate(policy, 400, accepts=True, step=0.01)
+    plain = [i for i, g in enumerate(gammas) if g == 0]
+    assert len(plain) == 400 // (T1_EVERY + 1)  # one pass in T1_EVERY + 1, no more
+    assert policy.t1 is not None and policy.t1 < 1.1  # the machine's is 1.0
+    assert policy.ratio[5] == pytest.approx(ratio(5), rel=0.15)
+    parts = PartPolicies({"suffix": DraftPolicy.calibrated(1.0, {2: 1.1}, 0.0),
+                          "draft": DraftPolicy.calibrated(1.0, {2: 1.1}, 0.3)})
+    parts.select("suffix").since_t1 = 7
+    assert parts.select("draft").since_t1 == 7  # the machine's, shared by the parts

@@ -18,7 +18,9 @@ after a lookup drafted for the hybrid) says nothing about the cost of a step and
 counted. ``t(k)`` is kept as the ratio ``t(k) / t(1)`` to the ``t(1)`` of the same
 period (a slow spell of the shared machine moves both; a ratio measured right after a
 plain pass pairs two neighbours and weighs more, so a probe corrects a ratio that a
-slow spell inflated during a long stretch of drafting), and the share of an asked
+slow spell inflated during a long stretch of drafting; a policy that drafted every one of
+``T1_EVERY`` passes runs one plain pass to measure ``t(1)`` again, so a ``t(1)`` taken in a
+slow moment cannot make drafting look cheap for good), and the share of an asked
 length a drafter really drafts (it stops early when unsure) scales the expected draft
 length. A new answer starts from part of the previous answers' acceptance, so one
 unlucky first pass does not switch drafting off. All functions are pure or depend
@@ -81,6 +83,12 @@ SPIKE = 1.25  # the most one pass's time may say beyond the running estimate (a 
 # half of the 1 - 0.98 allowance of "never slower than plain", the other half is left
 # for the passes that detect the change and for noise. A goal, not a measured figure.
 PROBE_SHARE = 0.01
+# Passes after which a policy that drafted every one runs a plain pass to measure t(1)
+# again (that t(1) then weighs PAIRED): a t(1) left stale, say from a calibration taken
+# in a slow moment, would otherwise make every ratio measured against it wrong, and a
+# drafter that looks cheaper than it is would never be switched off. At most 1/64 of a
+# drafting stretch's passes, so about 1 % of what drafting gains.
+T1_EVERY = 64
 NEVER = 1 << 30  # a cool-down that lasts the answer
 # Under load, the most one answer's drafts (their drafting and their verified rows) may
 # lengthen a pass the other answers share: their answers are not to slow down for it.
@@ -218,6 +226,7 @@ class DraftPolicy:
     yielded: bool = False  # whether the last next_gamma() gave the pass to the others' rows
     read_share: float | None = None  # a token the drafter reads, in t(1) (calibrated)
     t1_fresh: bool = False  # the pass before was plain: it measured t(1) just now
+    since_t1: int = 0  # passes since the last one that measured t(1)
 
     @classmethod
     def calibrated(cls, t1: float, ratios: dict[int, float], draft_cost: float | None,
@@ -289,6 +298,9 @@ class DraftPolicy:
             self.off_passes += 1
             self.last_off = True
             return 0
+        if self.t1 is not None and self.since_t1 >= T1_EVERY and not self.others:
+            self.last_off = True  # a plain pass, chosen to measure t(1) again
+            return 0
         fill = self.got / self.asked if self.asked > 0 else 1.0
         hopeful = max(self.alpha, self.alpha_prior)
         if (self.probe or self.draft_cost is None) and self.others and not choose_gamma(
@@ -346,7 +358,12 @@ class DraftPolicy:
         weighs ``1 - DECAY``. A pass the machine stalled counts as at most ``SPIKE`` times
         the running figure (see :func:`within`)."""
         fresh, self.t1_fresh = self.t1_fresh, fed == 1
-        if fed == 1:
+        stale, self.since_t1 = self.since_t1 >= T1_EVERY, 0 if fed == 1 else self.since_t1 + 1
+        if fed == 1 and self.t1 is not None and stale:
+            # the re-measure after a stretch of drafting (see T1_EVERY): a stall can make
+            # a pass longer, never shorter, so a faster one moves t(1) all the way
+            self.t1 = (1 - PAIRED) * self.t1 + PAIRED * min(seconds, SPIKE * self.t1)
+        elif fed == 1:
             self.t1 = seconds if self.t1 is None else (
                 DECAY * self.t1 + (1 - DECAY) * within(seconds, self.t1))
             for k, raw in self.unscaled.items():  # measured before t(1) was known
@@ -425,6 +442,7 @@ class PartPolicies:
         if policy is not self.active:
             if self.active.t1 is not None:
                 policy.t1, policy.t1_fresh = self.active.t1, self.active.t1_fresh
+                policy.since_t1 = self.active.since_t1
             self.active = policy
         return policy
 
