@@ -310,14 +310,13 @@ class DraftPolicy:
             # (a free drafter for an unmeasured one): it waits for a quieter pass
             self.yielded = True
             return 0
-        if self.probe and self.draft_cost is not None and self.t1 is not None \
-                and not choose_gamma(1.0, self.draft_cost, self.verify_cost, limit, fill):
-            # not even drafts that were all accepted would pay at this machine's costs (a
-            # draft model where extra rows are dear): no probe, no reading, a longer wait
-            self.probe = False
-            return self._switch_off()
         if self.probe and self.draft_cost is not None and self.t1 is not None:
-            self.probe, self.probing = False, True
+            self.probe = False
+            if not choose_gamma(1.0, self.draft_cost, self.verify_cost, limit, fill):
+                # not even drafts that were all accepted would pay at this machine's costs
+                # (a draft model where rows are dear): no probe, no reading, a longer wait
+                return self._switch_off()
+            self.probing = True
             self.last_asked = max(1, choose_gamma(hopeful, self.draft_cost, self.verify_cost,
                                                   limit, fill))
             return self.last_asked  # re-measure the acceptance at a bounded cost
