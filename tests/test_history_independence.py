@@ -28,7 +28,7 @@ from engine.spec.sampling import SamplingParams
 from engine.spec.session import ChatEngine
 from tests.conftest import LIGHT
 from tests.test_fastlinear import NATIVE, gguf_model
-from tests.worker_process import Http, start_worker
+from tests.worker_process import Http, link_light_cache, start_worker
 
 GREEDY = SamplingParams(temperature=0.0)
 IDS = [(7 * i * i + 3 * i + 11) % 317 + 3 for i in range(45)]  # 45 ids: > 2 * TREE_ROWS
@@ -269,7 +269,9 @@ def client_requests(seed: int, methods: list[str]) -> Iterator[tuple[list[dict[s
 def test_concurrent_clients_of_one_worker_get_a_fresh_engines_answers(
     tmp_path: Path, references: References
 ) -> None:
-    args = ["--profile", "light", "--target", LIGHT, "--draft", LIGHT, "--log-level", "WARNING"]
+    link_light_cache(tmp_path / "data" / "models")
+    args = ["--profile", "light", "--target", LIGHT, "--draft", LIGHT, "--log-level", "WARNING",
+            "--data-dir", str(tmp_path / "data")]
     answers: list[tuple[list[dict[str, str]], int, list[int]]] = []
     failures: list[str] = []
     with start_worker(args, tmp_path) as worker:

@@ -163,7 +163,10 @@ class WorkerProcess:
 def start_worker(args: list[str], log_dir: Path,
                  hold: Hold | None = None) -> Iterator[WorkerProcess]:
     """Start ``python -m engine.worker --port 0 ARGS`` (held at ``hold``) and stop it
-    afterwards."""
+    afterwards. ``ARGS`` must name a ``--data-dir`` (a test's own, see
+    :func:`link_light_cache`): the developer's would receive the test's calibration and
+    history, and its calibration would steer the test's worker."""
+    assert "--data-dir" in args, "a test's worker needs a --data-dir of its own"
     with child_worker(args, log_dir, env=hold.env if hold else None, cwd=REPO) as child:
         worker = WorkerProcess(child)
         worker.wait_listening()
