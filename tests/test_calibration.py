@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from engine.spec.calibration import (
+    CHECK_PASSES,
     KINDS,
+    MAX_ENTRIES,
     MAX_K,
     OBSERVED_TOKENS,
     ORDER,
@@ -359,6 +361,21 @@ def test_the_cache_keeps_entries_by_machine_and_models(tmp_path: Path) -> None:
     assert cache_key({"cpu": "x"}, ["m"]) != cache_key({"cpu": "y"}, ["m"])
 
 
+def test_the_cache_keeps_only_the_most_recently_saved_entries(tmp_path: Path) -> None:
+    """Models replaced or moved leave keys no worker reads again: the file keeps the
+    newest ``MAX_ENTRIES``, and saving an old key again makes it the newest."""
+    cache = CalibrationCache(tmp_path / "calibration.json")
+    keys = [f"k{i}" for i in range(MAX_ENTRIES + 3)]
+    for key in keys:
+        cache.save(key, calibration({"ngram": 0.01}), Observations())
+    kept = [key for key in keys if cache.load(key)[0] is not None]
+    assert kept == keys[-MAX_ENTRIES:]
+    cache.save(kept[0], calibration({"ngram": 0.02}), Observations())
+    cache.save("new", None, Observations())
+    assert cache.load(kept[0])[0] is not None and cache.load(kept[1])[0] is None
+    assert len(json.loads((tmp_path / "calibration.json").read_text())["entries"]) == MAX_ENTRIES
+
+
 def test_an_engine_calibrates_once_then_reads_its_cache(tmp_path: Path) -> None:
     target = tiny_loaded("tiny-target", seed=1, scale=4.0)
     draft = tiny_loaded("tiny-draft", seed=2, scale=4.0)
@@ -375,12 +392,45 @@ def test_an_engine_calibrates_once_then_reads_its_cache(tmp_path: Path) -> None:
     report = engine.speculation_report()
     assert set(report["kinds"]) == set(KINDS) and report["calibration"]["t1_ms"] > 0
     again = ChatEngine(target, draft)
-    assert list(again.calibrate(path)) == []  # read from the cache: no measuring
-    assert again.calibration is not None and again.calibration.source == "cache"
+    for _ in again.calibrate(path):  # t(1) checked, measured again if it moved (below)
+        pass
+    assert again.calibration is not None
     assert again.observations.seen  # the answer above was remembered
     ran = events[-1].stats.method  # type: ignore[union-attr]
     timed = again.observations.seen[ran][classify("Say hi")]
     assert timed.tokens > 0 and timed.cost > 0  # the speed it showed, in t(1)
+
+
+@pytest.mark.parametrize(("cached_t1", "trusted"), [
+    (0.001, True), (0.00125, True), (0.0008, True),  # within DRIFT of TickClock's 1 ms
+    (0.0025, False),  # taken in a slow moment: every live t(k) would look cheap
+    (0.0007, False),  # the machine is busier now than when it was measured
+])
+def test_a_cached_calibration_is_measured_again_when_t1_has_moved(
+    tmp_path: Path, cached_t1: float, trusted: bool,
+) -> None:
+    """At start an engine measures t(1) (a few one-row forwards) and keeps its cached
+    calibration only if the two agree within DRIFT; otherwise it measures the whole
+    calibration again, and keeps what the methods were seen to accept. A 145 ms t(1)
+    cached from a slow moment on a 65 ms machine once made auto run a losing method."""
+    engine = ChatEngine(tiny_loaded("tiny-target", seed=1, scale=4.0),
+                        tiny_loaded("tiny-draft", seed=2, scale=4.0))
+    path = tmp_path / "calibration.json"
+    observed = Observations()
+    observed.record("ngram", "code", seen(3, 1), 10, 20)
+    cached = replace(calibration({"ngram": 0.01}), key=engine.calibration_key, t1=cached_t1)
+    CalibrationCache(path).save(engine.calibration_key, cached, observed)
+    work = engine.calibrate(path, budget_s=0.0, clock=TickClock())
+    first = next(work)
+    assert first is None and engine.calibration is not None  # the cached one, meanwhile
+    assert engine.calibration.step == {"ngram": 0.01}
+    slices = 1 + sum(1 for _ in work)
+    assert engine.calibration.source == ("cache" if trusted else "measured")
+    assert (slices <= CHECK_PASSES + 2) == trusted  # context, warm-up, then the forwards
+    assert engine.calibration.t1 == pytest.approx(cached_t1 if trusted else 0.001)
+    assert engine.observations.evidence("ngram", "code").accepted == 3
+    again, _ = CalibrationCache(path).load(engine.calibration_key)
+    assert again is not None and again.t1 == pytest.approx(engine.calibration.t1)
 
 
 def test_speed_seen_on_one_kind_is_not_borrowed_by_another() -> None:

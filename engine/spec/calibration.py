@@ -20,6 +20,9 @@ Contract:
   it, and ``t1`` is the median of all of those: on a shared machine whose speed moves
   within seconds, a slow spell then slows both sides of a ratio. The ratios are then
   fitted non-decreasing in k (:func:`non_decreasing`).
+* :func:`measure_t1` measures t(1) alone (a few forwards): a cached calibration whose t(1)
+  is not within ``DRIFT`` of it (:func:`agrees`) is measured again, as the one cached
+  may have been taken in a slow moment, or the machine's load may have changed since.
 * :class:`Observations` holds the acceptance each method showed per kind of prompt
   (:func:`classify`: ``code``, ``editing``, ``summary``, ``chat``; a simple rule on the
   last question's text, since nothing upstream labels prompts) and the prompt and answer
@@ -30,7 +33,8 @@ Contract:
   the best one with a sentence saying why ("ngram: 1.20× predicted on this machine;
   draft model: 0.90×").
 * :class:`CalibrationCache` keeps calibrations and observations in one JSON file in the
-  data directory; a file that cannot be read is ignored (and rewritten).
+  data directory, the ``MAX_ENTRIES`` most recently saved; a file that cannot be read is
+  ignored (and rewritten).
 
 Priors, used only where nothing was measured yet: an acceptance of
 ``DraftPolicy.alpha_prior`` with the weight of one draft token, every asked draft found
@@ -73,6 +77,9 @@ ORDER = (2, 4, 8, 16, 3, 5, 2, 3, 4, 5, 6, 12, 10, 7, 2, 3, 4, 5, 14, 9, 11, 13,
 # is bound by memory and a row is nearly free) t(16) came out 3-5 times too low
 SPAN = 4
 LIVE_WEIGHT = 0.2  # share of a calibration one answer's live figures replace
+CHECK_PASSES = 7  # one-row forwards that check a cached calibration's t(1) at start
+DRIFT = 1.3  # a cached t(1) further than this from the one measured at start is redone
+MAX_ENTRIES = 8  # calibrations the cache file keeps, the most recently saved
 OBSERVED_DECAY = 0.98  # per answer, for the acceptance evidence of a method and kind
 OTHER_KINDS = 0.25  # weight of a method's evidence on other kinds of prompt
 KINDS = ("code", "editing", "summary", "chat")
@@ -266,6 +273,52 @@ def non_decreasing(ratios: Mapping[int, float]) -> dict[int, float]:
     return dict(zip(sorted(ratios), fitted, strict=True))
 
 
+def _timed_forwards(target: Any, clock: Callable[[], float]
+                    ) -> Generator[None, None, tuple[list[int], Callable[[int], float]]]:
+    """Read :data:`CONTEXT` tokens into a fresh cache of ``target`` and warm it up (a
+    slice each); returns the context and a function timing one forward over ``k`` new
+    tokens after it (seconds; the cache is cut back to the context afterwards)."""
+    from engine.spec.runner import ModelRunner
+
+    vocab = int(target.config.vocab_size)
+    runner = ModelRunner(target)
+    context = [(100 + i % 24) % vocab for i in range(CONTEXT)]  # repeats: lookups find drafts
+    runner.sync(context)
+    yield
+
+    def forward(k: int) -> float:
+        began = clock()
+        runner.forward([(300 + i) % vocab for i in range(k)], rows=k)
+        elapsed = clock() - began
+        runner.truncate(len(context))
+        return elapsed
+
+    forward(1)  # warm-up
+    yield
+    return context, forward
+
+
+def measure_t1(target: Any, passes: int = CHECK_PASSES,
+               clock: Callable[[], float] = time.perf_counter) -> Generator[None, None, float]:
+    """The target's t(1) now: the median of ``passes`` one-row forwards after the same
+    context :func:`measure` uses, one slice a forward. A worker compares it with a cached
+    calibration's (:func:`agrees`) before trusting that calibration."""
+    _, forward = yield from _timed_forwards(target, clock)
+    ones = []
+    for _ in range(passes):
+        ones.append(forward(1))
+        yield
+    return _median(ones)
+
+
+def agrees(cached_t1: float, now_t1: float) -> bool:
+    """Whether a cached calibration's t(1) is within :data:`DRIFT` of one measured now,
+    either way. One measured in a slow moment (twice the machine's t(1) was seen when
+    something else ran beside the worker's start) would make every t(k) measured live
+    look cheap, and the machine may also have grown busier or quieter since."""
+    return cached_t1 > 0 and now_t1 > 0 and 1 / DRIFT <= now_t1 / cached_t1 <= DRIFT
+
+
 def measure(target: Any, drafters: Mapping[str, Drafter], key: str, budget_s: float = 4.0,
             clock: Callable[[], float] = time.perf_counter, max_rounds: int = 5,
             ) -> Generator[None, None, Calibration]:
@@ -278,21 +331,7 @@ def measure(target: Any, drafters: Mapping[str, Drafter], key: str, budget_s: fl
     from engine.spec.runner import ModelRunner
     from engine.spec.sampling import SamplingParams
 
-    vocab = int(target.config.vocab_size)
-    runner = ModelRunner(target)
-    context = [(100 + i % 24) % vocab for i in range(CONTEXT)]  # repeats: lookups find drafts
-    runner.sync(context)
-    yield
-    def forward(k: int) -> float:
-        """Seconds of one target forward over ``k`` new tokens after the context."""
-        began = clock()
-        runner.forward([(300 + i) % vocab for i in range(k)], rows=k)
-        elapsed = clock() - began
-        runner.truncate(len(context))
-        return elapsed
-
-    forward(1)  # warm-up
-    yield
+    context, forward = yield from _timed_forwards(target, clock)
     # every measured cost is paired with a t(1) taken just before it: a shared machine's
     # speed moves within seconds, and the ratio of two neighbours follows it where a ratio
     # to a t(1) of another moment does not
@@ -682,7 +721,8 @@ def choose(predictions: Sequence[Prediction], kind: str | None = None,
 
 
 class CalibrationCache:
-    """Calibrations and observations by key in one JSON file (``calibration.json``)."""
+    """Calibrations and observations by key in one JSON file (``calibration.json``): the
+    :data:`MAX_ENTRIES` most recently saved."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -709,9 +749,14 @@ class CalibrationCache:
     def save(self, key: str, calibration: Calibration | None,
              observations: Observations) -> None:
         data = self._read() or {"version": VERSION, "entries": {}}
-        data["entries"][key] = {
+        entries = data["entries"]
+        entries.pop(key, None)
+        entries[key] = {
             "calibration": None if calibration is None else calibration.to_json(),
             "observations": observations.to_json(), "saved_at": time.time()}
+        # entries are kept in the order saved (the newest last): models replaced or moved
+        # leave keys no worker will read again, and the file would only grow
+        data["entries"] = dict(list(entries.items())[-MAX_ENTRIES:])
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(".tmp")

@@ -56,8 +56,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -84,11 +84,13 @@ from engine.spec.calibration import (
     CalibrationCache,
     Choice,
     Seen,
+    agrees,
     cache_key,
     choose,
     classify,
     machine_identity,
     measure,
+    measure_t1,
     model_identity,
     predict,
     shipped_observations,
@@ -607,20 +609,32 @@ class ChatEngine:
     # --- calibration and the automatic method --------------------------------------
 
     def calibrate(self, cache: str | os.PathLike[str] | None = None,
-                  budget_s: float = CALIBRATION_BUDGET_S
+                  budget_s: float = CALIBRATION_BUDGET_S,
+                  clock: Callable[[], float] = time.perf_counter,
                   ) -> Generator[None, None, Calibration]:
         """Load this machine's and models' calibration from ``cache`` (a JSON file), or
         measure it in slices (one ``next()`` each, :func:`engine.spec.calibration.measure`)
-        and save it there."""
+        and save it there. A cached one is used (from the first slice on) while t(1) is
+        measured again (:func:`engine.spec.calibration.measure_t1`); if the two disagree
+        (:func:`engine.spec.calibration.agrees`) it is measured again, keeping what the
+        methods were seen to accept."""
         self._cache = None if cache is None else CalibrationCache(Path(cache))
         if self._cache is not None:
             cached, observations = self._cache.load(self.calibration_key)
             if cached is not None:
                 self.calibration, self.observations = cached, observations
-                log.info("calibration for this machine and models read from %s", cache)
-                return cached
+                now = yield from measure_t1(self.target.model, clock=clock)
+                if agrees(cached.t1, now):
+                    log.info("calibration for this machine and models read from %s "
+                             "(t(1) %.1f ms cached, %.1f ms now)", cache, cached.t1 * 1000,
+                             now * 1000)
+                    return cached
+                log.info("the cached calibration's t(1) is %.1f ms, %.1f ms now: measuring "
+                         "again", cached.t1 * 1000, now * 1000)
+                # meanwhile, its ratios (each paired with a t(1) of its moment) with t(1) now
+                self.calibration = replace(cached, t1=now)
         calibration = yield from measure(self.target.model, self.drafters,
-                                         self.calibration_key, budget_s)
+                                         self.calibration_key, budget_s, clock=clock)
         self.calibration = calibration
         log.info("calibrated: t(1) %.1f ms, t(8)/t(1) %.2f, t(16)/t(1) %.2f; steps %s",
                  calibration.t1 * 1000, calibration.ratio_at(8), calibration.ratio_at(16),
