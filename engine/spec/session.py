@@ -628,7 +628,7 @@ class ChatEngine:
                     log.info("calibration for this machine and models read from %s "
                              "(t(1) %.1f ms cached, %.1f ms now)", cache, cached.t1 * 1000,
                              now * 1000)
-                    return cached
+                    return self.calibration or cached  # answers run meanwhile folded in
                 log.info("the cached calibration's t(1) is %.1f ms, %.1f ms now: measuring "
                          "again", cached.t1 * 1000, now * 1000)
                 # meanwhile, its ratios (each paired with a t(1) of its moment) with t(1) now
