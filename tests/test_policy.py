@@ -158,7 +158,8 @@ class SlowWrongDrafter(Drafter):
         return Draft(tuple([63] * k))
 
 
-def clocked(monkeypatch: pytest.MonkeyPatch, prompt: list[int], max_new_tokens: int
+def clocked(monkeypatch: pytest.MonkeyPatch, prompt: list[int], max_new_tokens: int,
+            first_token_first: bool = False,
             ) -> tuple[Clock, Callable[..., tuple[list[int], list[Step]]]]:
     """A :class:`Clock` standing in for the loop's time, and ``run(drafter, policy)``: greedy
     decoding of ``prompt`` on a tiny target, giving its tokens and steps."""
@@ -169,7 +170,7 @@ def clocked(monkeypatch: pytest.MonkeyPatch, prompt: list[int], max_new_tokens: 
     def run(drafter: Drafter | None, policy: Policy | None) -> tuple[list[int], list[Step]]:
         steps = list(decode(ModelRunner(target), prompt, params=SamplingParams(),
                             max_new_tokens=max_new_tokens, max_context=256, drafter=drafter,
-                            policy=policy))
+                            policy=policy, first_token_first=first_token_first))
         return [t for s in steps for t in s.tokens], steps
 
     return clock, run
@@ -549,3 +550,45 @@ def test_a_stale_t1_is_measured_again_while_drafting_every_pass() -> None:
                           "draft": DraftPolicy.calibrated(1.0, {2: 1.1}, 0.3)})
     parts.select("suffix").since_t1 = 7
     assert parts.select("draft").since_t1 == 7  # the machine's, shared by the parts
+
+
+def test_a_calibrated_t1_gives_way_to_a_first_one_far_faster() -> None:
+    """The calibration's t(1) is of another moment: where the first t(1) a calibrated
+    policy times is more than SPIKE times faster, the calibration was taken in a slow
+    moment and that t(1) replaces it; later ones, and a first one within SPIKE or slower
+    (a stall), move it as usual; a hybrid's parts share that."""
+    policy = DraftPolicy.calibrated(2.0, {2: 1.1}, 0.01)
+    policy.update(0, 0, 0.0, 1.0)
+    assert policy.t1 == pytest.approx(1.0) and not policy.t1_prior
+    policy.update(0, 0, 0.0, 0.5)
+    assert policy.t1 == pytest.approx(0.85 * 1.0 + 0.15 * 1.0 / SPIKE)
+    for first in (1.7, 9.0):  # jitter, a stall
+        usual = DraftPolicy.calibrated(2.0, {2: 1.1}, 0.01)
+        usual.update(0, 0, 0.0, first)
+        assert usual.t1 == pytest.approx(0.85 * 2.0 + 0.15 * min(first, 2.0 * SPIKE))
+        assert not usual.t1_prior
+    parts = PartPolicies({"suffix": DraftPolicy.calibrated(2.0, {2: 1.1}, 0.0),
+                          "draft": DraftPolicy.calibrated(2.0, {2: 1.1}, 0.3)})
+    parts.select("suffix").update(0, 0, 0.0, 1.0)
+    draft = parts.select("draft")
+    assert draft.t1 == pytest.approx(1.0) and not draft.t1_prior
+    draft.update(0, 0, 0.0, 0.5)
+    assert draft.t1 == pytest.approx(0.85 * 1.0 + 0.15 * 1.0 / SPIKE)  # not replaced again
+
+
+def test_the_first_token_s_plain_pass_times_t1_for_the_policy(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the first token first, a drafter that reads the prompt leaves the first pass
+    plain; that pass's time reaches the policy as a t(1), so a calibration taken in a slow
+    moment (here 2.2 times this clock's 1 ms) is corrected before the first draft."""
+    prompt = [5, 6, 7, 8, 5, 6, 7]
+    clock, run = clocked(monkeypatch, prompt, 1, first_token_first=True)
+    policy = DraftPolicy.calibrated(0.0022, {k: ratio(k) for k in range(2, 9)}, 0.00001)
+    _, steps = run(ReadingDrafter(clock), policy)
+    assert len(steps) == 1 and steps[0].drafted == 0
+    assert policy.t1 == pytest.approx(0.001) and policy.t1_fresh
+    parts = PartPolicies({"lookup": machine(0.0), "model": machine(0.00001)})
+    parts.select("lookup").t1 = parts.select("model").t1 = 0.0022
+    _, steps = run(ReadingDrafter(clock), parts)
+    assert parts.t1 == pytest.approx(0.001)

@@ -162,8 +162,9 @@ def decode(
     prompt itself (``prefill``: a draft model, an EAGLE head) does so right before its
     first draft (reported apart, as that step's ``drafter_prefill_s``), so an answer in
     which the policy never drafts does not pay for it. With ``first_token_first`` the
-    first pass runs plain: the first token comes as soon as the target has read the
-    prompt, and the drafter's reading costs the same later.
+    first pass of such a drafter runs plain: the first token comes as soon as the target
+    has read the prompt, and the drafter's reading costs the same later; the policy is
+    given that pass's time as a t(1).
     ``generator`` (default: one seeded with ``params.seed``) draws the drafters' samples
     and, in unseeded sampling, the acceptance tests (a seeded answer's tokens come from
     :func:`seeded_tokens`).
@@ -196,6 +197,11 @@ def decode(
                 active.others, active.others_rows = sharing(), sharing_rows()
             k = active.next_gamma(room) if active else min(num_draft_tokens, room - 1)
             auto_off = active is not None and active.last_off
+        elif drafter is not None and policy is not None:
+            # plain while the drafter has not read the prompt: it times t(1) for the
+            # policy all the same, a sample of this moment the first draft pairs with
+            active = policy.select(None)
+            active.others, active.others_rows = sharing(), sharing_rows()
         draft = EMPTY_DRAFT
         if drafter is not None and k > 0:
             if not read and drafter.reads_for(part):

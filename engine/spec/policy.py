@@ -29,7 +29,11 @@ only on the numbers fed to ``update``, so they are tested with synthetic costs.
 Calibrated start (:meth:`DraftPolicy.calibrated`): given the machine's measured ``t(1)``,
 ``t(k) / t(1)`` and the drafter's step cost (:mod:`engine.spec.calibration`), the policy
 needs no measuring passes and chooses from its first pass; ``PRIOR_SLOPE`` is then
-never used (it is the prior for ``t(k)`` before anything was measured).
+never used (it is the prior for ``t(k)`` before anything was measured). The calibration's
+``t(1)`` is of another moment: where the first ``t(1)`` the policy times itself is more than
+``SPIKE`` times faster, the calibration was taken in a slow moment, and that ``t(1)``
+replaces it at once (the decoding loop gives the policy the time of a first pass that
+runs plain while a drafter has not read the prompt; see :func:`engine.spec.decoding.decode`).
 
 Under load (continuous batching, :mod:`engine.spec.batch`) the loop tells the policy how
 many other answers share the coming pass (``others``); the draft length then maximises
@@ -227,6 +231,7 @@ class DraftPolicy:
     read_share: float | None = None  # a token the drafter reads, in t(1) (calibrated)
     t1_fresh: bool = False  # the pass before was plain: it measured t(1) just now
     since_t1: int = 0  # passes since the last one that measured t(1)
+    t1_prior: bool = False  # t1 is a calibration's, not yet checked by a t(1) of its own
 
     @classmethod
     def calibrated(cls, t1: float, ratios: dict[int, float], draft_cost: float | None,
@@ -237,7 +242,7 @@ class DraftPolicy:
         token in ``t(1)`` s (None: each probe's own reading)."""
         policy = cls(max_gamma=max_gamma)
         policy.t1, policy.ratio, policy.draft_cost = t1, dict(ratios), draft_cost
-        policy.read_share = read_share
+        policy.read_share, policy.t1_prior = read_share, True
         return policy
 
     def select(self, part: str | None) -> "DraftPolicy":
@@ -358,7 +363,12 @@ class DraftPolicy:
         the running figure (see :func:`within`)."""
         fresh, self.t1_fresh = self.t1_fresh, fed == 1
         stale, self.since_t1 = self.since_t1 >= T1_EVERY, 0 if fed == 1 else self.since_t1 + 1
-        if fed == 1 and self.t1 is not None and stale:
+        prior, self.t1_prior = self.t1_prior, self.t1_prior and fed != 1
+        if fed == 1 and self.t1 is not None and prior and seconds * SPIKE < self.t1:
+            # the first t(1) this policy times is far below the calibration's, which was
+            # then taken in a slow moment (a stall makes a pass longer, never shorter)
+            self.t1 = seconds
+        elif fed == 1 and self.t1 is not None and stale:
             # the re-measure after a stretch of drafting (see T1_EVERY): a stall can make
             # a pass longer, never shorter, so a faster one moves t(1) all the way
             self.t1 = (1 - PAIRED) * self.t1 + PAIRED * min(seconds, SPIKE * self.t1)
@@ -441,7 +451,7 @@ class PartPolicies:
         if policy is not self.active:
             if self.active.t1 is not None:
                 policy.t1, policy.t1_fresh = self.active.t1, self.active.t1_fresh
-                policy.since_t1 = self.active.since_t1
+                policy.since_t1, policy.t1_prior = self.active.since_t1, self.active.t1_prior
             self.active = policy
         return policy
 
