@@ -7,7 +7,7 @@
 // AVX-512 (also -mavx512f -mavx512bw -mavx512vl -mavx512vnni) runs the q4, q8, q4k and
 // q6k loops on 512-bit vpdpbusd, up to 16 rows per pass over the weights (32 vector
 // registers), with activations stored in the orders its 64-byte loads want (group_low,
-// slot) and a float order of its own (the last bits differ from AVX2's). AMX (also
+// slot, paired_at) and a float order of its own (the last bits differ from AVX2's). AMX (also
 // -mamx-tile -mamx-int8; the library asks the OS for tile data when it loads, and
 // anve_qdot_ready says whether it got it) is the AVX-512 build whose q4k calls of 32 rows
 // or more (prompt reading) take their exact 32-group sums from AMX-INT8 tiles (all rows
@@ -501,7 +501,7 @@ constexpr int SUPER = 256;  // inputs per Q4_K / Q6_K super-block
 inline int kernel_position(int i) { return (i % GROUP / 4) * GROUP + i / GROUP * 4 + i % 4; }
 
 struct QuantRows256 {
-    int8_t *codes;  // [M, K] in kernel order per super-block (slot: where each vector sits)
+    int8_t *codes;  // [M, K] in kernel order per super-block (slot, or AVX-512: paired_at)
     float *scale;   // [M, K / 256], dx per super-block
     float *bsum;    // [M, K / 32], dx * the sum of each 32-group's codes
     float *gscale;  // [M, K / 32], dx of each 32-group's super-block (AVX-512 only)
@@ -510,9 +510,23 @@ struct QuantRows256 {
 };
 
 // Where kernel-order vector v (0..7) of a super-block's activations sits. The AVX-512
-// loops read 64 bytes at a time as vectors (0, 2), (1, 3), (4, 6), (5, 7): the halves
-// that one 64-byte load of q4k codes unpacks into (chunk c's low nibbles are vector 2c).
+// loops (q6k, and q4k's unpaired last super-block) read 64 bytes at a time as vectors
+// (0, 2), (1, 3), (4, 6), (5, 7): the halves that one 64-byte load of q4k codes unpacks
+// into (chunk c's low nibbles are vector 2c).
 constexpr int slot(int v) { return ANVE_AVX512 ? (v & 4) | (v & 1) << 1 | (v >> 1 & 1) : v; }
+
+#if ANVE_AVX512
+// Where q4k_one_512 finds vector v (32 bytes) of super-block s of a row (offset from the
+// row's start): the super-blocks of a pair (2P, 2P + 1) side by side, vector v of both in
+// one 64-byte unit (P * 512 + 64 v, the odd one's half second), so that one vpdpbusd per
+// vector and row sums both super-blocks' groups in the lanes q4k_one_512 wants them in;
+// a last, unpaired super-block in slot order. (The q6k loops read the flipped codes,
+// which stay in slot order.)
+inline int64_t paired_at(int s, int v, int S) {
+    if ((s | 1) < S) return (int64_t)(s / 2) * 2 * SUPER + v * 64 + (s & 1) * GROUP;
+    return (int64_t)s * SUPER + slot(v) * GROUP;
+}
+#endif
 
 #if ANVE_AMX
 // Where row m's codes of group g of super-block sb sit for the tiles: per set of 16
@@ -533,11 +547,15 @@ void quantize_rows_256(const float *x, int M, int K, QuantRows256 q) {
             const int total = round_group(src + j * GROUP, d, codes + j * GROUP);
             q.bsum[(int64_t)ms * (SUPER / GROUP) + j] = d * (float)total;
         }
-        int8_t *dst = q.codes + (int64_t)ms * SUPER;
 #if ANVE_AMX
         if (q.natural)  // what the tiles take (tile_rows)
             for (int g = 0; g < SUPER / GROUP; ++g)
                 memcpy(q.natural + tile_rows(ms / (K / SUPER), ms % (K / SUPER), g, K), codes + g * GROUP, GROUP);
+#endif
+#if ANVE_AVX512
+        alignas(64) int8_t dst[SUPER];  // slot order: the flipped codes' (q6k); codes: paired_at
+#else
+        int8_t *dst = q.codes + (int64_t)ms * SUPER;
 #endif
         for (int i = 0; i < SUPER; i += 4) {
             const int at = kernel_position(i);
@@ -545,11 +563,14 @@ void quantize_rows_256(const float *x, int M, int K, QuantRows256 q) {
         }
         q.scale[ms] = d;
 #if ANVE_AVX512
+        int8_t *row = q.codes + (int64_t)(ms / S) * K;
+        for (int v = 0; v < SUPER / GROUP; ++v)
+            memcpy(row + paired_at(ms % S, v, S), dst + slot(v) * GROUP, GROUP);
         for (int j = 0; j < SUPER / GROUP; ++j) q.gscale[(int64_t)ms * (SUPER / GROUP) + j] = d;
         const __m512i flip = _mm512_set1_epi8((char)0x80);
         for (int i = 0; i < SUPER; i += 64)
             _mm512_storeu_si512((void *)(q.flipped + (int64_t)ms * SUPER + i),
-                                _mm512_xor_si512(_mm512_loadu_si512((const void *)(dst + i)), flip));
+                                _mm512_xor_si512(_mm512_load_si512((const void *)(dst + i)), flip));
 #endif
     }
 }
@@ -716,51 +737,88 @@ inline __m512i join_halves(__m512i a, __m512i b) {
     return _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, 0x44), _mm512_shuffle_i32x4(a, b, 0xEE));
 }
 
-// q4k on 512-bit vectors, two super-blocks at a time: a 64-byte load of codes unpacks
-// into vectors (0, 2) and (1, 3) (4, 6 and 5, 7 for the next 64), against activations
-// stored in that order (slot); per row and super-block pair the 16 group sums take
-// their factors in one [16] vector: (dot_g * sc_g * d) * dx - (dmin * mn_g) * (dx * bsum_g).
-// A last, unpaired super-block runs the same code with its partner's lanes zero.
+// q4k on 512-bit vectors, two super-blocks at a time. Per pair the codes' 64-byte loads
+// are regrouped once (for all rows) so that each vector holds vector v of both
+// super-blocks (sb's in the low 256 bits), against activations stored alike
+// (paired_at): eight vpdpbusd per row leave group g of sb in lane g and of sb + 1 in lane
+// 8 + g. Per row and pair the 16 group sums take their factors in one [16] vector:
+// (dot_g * sc_g * d) * dx - (dmin * mn_g) * (dx * bsum_g). A last, unpaired super-block
+// unpacks into vectors (0, 2), (1, 3), (4, 6), (5, 7) against activations in slot order,
+// its two halves joined, and its partner's lanes zero. Every group sum is exact, so the
+// pairing changes no bit of any output.
 template <int M>
 inline void q4k_one_512(const QuantRows256 xq, int K, const Q4KWeights w, const float *bias,
                         float *y, int N, int n) {
     const int S = K / SUPER, G = K / GROUP;
     const __m512i mask = _mm512_set1_epi8(0x0F);
     __m512 acc[M];
+#pragma GCC unroll 16
     for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
-    for (int sb = 0; sb < S; sb += 2) {
-        const bool two = sb + 1 < S;
+    int sb = 0;
+    for (; sb + 1 < S; sb += 2) {  // whole pairs
         const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
         const uint8_t *codes = w.codes + g0 * (GROUP / 2);
         prefetch((const char *)codes + Q4K_AHEAD_WIDE, SUPER);
         prefetch((const char *)(w.sc + g0) + Q4K_AHEAD_WIDE / 16, 1);
         prefetch((const char *)(w.mn + g0) + Q4K_AHEAD_WIDE / 16, 1);
-        __m512i wq[8];  // super-block sb: 0..3, sb + 1: 4..7
-        for (int c = 0; c < (two ? 4 : 2); ++c) {
+        __m512i wq[8];  // vector v of sb (low 256 bits) and of sb + 1
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {  // chunks 2h, 2h + 1: vectors 4h .. 4h + 3
+            const __m512i c = _mm512_loadu_si512((const void *)(codes + 64 * h));
+            const __m512i d = _mm512_loadu_si512((const void *)(codes + SUPER / 2 + 64 * h));
+            const __m512i first = _mm512_shuffle_i64x2(c, d, 0x44);  // chunk 2h of both
+            const __m512i second = _mm512_shuffle_i64x2(c, d, 0xEE);  // chunk 2h + 1
+            wq[4 * h] = _mm512_and_si512(first, mask);
+            wq[4 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(first, 4), mask);
+            wq[4 * h + 2] = _mm512_and_si512(second, mask);
+            wq[4 * h + 3] = _mm512_and_si512(_mm512_srli_epi16(second, 4), mask);
+        }
+        const __m512 scd = _mm512_mul_ps(bytes16(w.sc + g0, true), pair16(w.d + (int64_t)n * S + sb, true));
+        const __m512 mins = _mm512_mul_ps(bytes16(w.mn + g0, true),
+                                          pair16(w.dmin + (int64_t)n * S + sb, true));
+#pragma GCC unroll 16
+        for (int m = 0; m < M; ++m) {
+            const int8_t *x = xq.codes + m * (int64_t)K + sb * SUPER;
+            __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; ++j) {
+                a = _mm512_dpbusd_epi32(a, wq[j], _mm512_loadu_si512((const void *)(x + 64 * j)));
+                b = _mm512_dpbusd_epi32(b, wq[4 + j], _mm512_loadu_si512((const void *)(x + 64 * (4 + j))));
+            }
+            // [16] int32: group l % 8 of super-block sb + l / 8
+            const __m512 dots = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a, b)), scd);
+            const int64_t at = (int64_t)m * G + sb * (SUPER / GROUP);
+            acc[m] = _mm512_fmadd_ps(dots, _mm512_loadu_ps(xq.gscale + at), acc[m]);
+            acc[m] = _mm512_fnmadd_ps(mins, _mm512_loadu_ps(xq.bsum + at), acc[m]);
+        }
+    }
+    if (sb < S) {  // a last, unpaired super-block: its partner's lanes zero
+        const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
+        const uint8_t *codes = w.codes + g0 * (GROUP / 2);
+        __m512i wq[4];  // vectors (0, 2), (1, 3), (4, 6), (5, 7)
+        for (int c = 0; c < 2; ++c) {
             const __m512i v = _mm512_loadu_si512((const void *)(codes + c * 64));
             wq[2 * c] = _mm512_and_si512(v, mask);
             wq[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
         }
-        const __m512 scd = _mm512_mul_ps(bytes16(w.sc + g0, two), pair16(w.d + (int64_t)n * S + sb, two));
-        const __m512 mins = _mm512_mul_ps(bytes16(w.mn + g0, two),
-                                          pair16(w.dmin + (int64_t)n * S + sb, two));
-        const __mmask16 lanes = two ? 0xFFFF : 0x00FF;
+        const __m512 scd = _mm512_mul_ps(bytes16(w.sc + g0, false), pair16(w.d + (int64_t)n * S + sb, false));
+        const __m512 mins = _mm512_mul_ps(bytes16(w.mn + g0, false),
+                                          pair16(w.dmin + (int64_t)n * S + sb, false));
+#pragma GCC unroll 16
         for (int m = 0; m < M; ++m) {
             const int8_t *x = xq.codes + m * (int64_t)K + sb * SUPER;
-            __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
+            __m512i a = _mm512_setzero_si512();
             for (int j = 0; j < 4; ++j)
                 a = _mm512_dpbusd_epi32(a, wq[j], _mm512_loadu_si512((const void *)(x + 64 * j)));
-            if (two)
-                for (int j = 0; j < 4; ++j)
-                    b = _mm512_dpbusd_epi32(b, wq[4 + j],
-                                            _mm512_loadu_si512((const void *)(x + SUPER + 64 * j)));
-            const __m512 dots = _mm512_mul_ps(_mm512_cvtepi32_ps(join_halves(a, b)), scd);
+            const __m512 dots = _mm512_mul_ps(
+                _mm512_cvtepi32_ps(join_halves(a, _mm512_setzero_si512())), scd);
             const int64_t at = (int64_t)m * G + sb * (SUPER / GROUP);
-            acc[m] = _mm512_fmadd_ps(dots, _mm512_maskz_loadu_ps(lanes, xq.gscale + at), acc[m]);
-            acc[m] = _mm512_fnmadd_ps(mins, _mm512_maskz_loadu_ps(lanes, xq.bsum + at), acc[m]);
+            acc[m] = _mm512_fmadd_ps(dots, _mm512_maskz_loadu_ps(0x00FF, xq.gscale + at), acc[m]);
+            acc[m] = _mm512_fnmadd_ps(mins, _mm512_maskz_loadu_ps(0x00FF, xq.bsum + at), acc[m]);
         }
     }
     const float b = bias ? bias[n] : 0.0f;
+#pragma GCC unroll 16
     for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = sum_lanes(acc[m]) + b;
 }
 #endif
