@@ -737,6 +737,14 @@ inline __m512i join_halves(__m512i a, __m512i b) {
     return _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, 0x44), _mm512_shuffle_i32x4(a, b, 0xEE));
 }
 
+// q4k's factors of super-blocks sb and sb + 1 (lanes 8..15 zero without a second) of
+// feature n: scd = float(sc_g) * d and mins = float(mn_g) * dmin.
+inline void q4k_factors(const Q4KWeights &w, int64_t g0, int64_t n_sb, bool two, __m512 &scd,
+                        __m512 &mins) {
+    scd = _mm512_mul_ps(bytes16(w.sc + g0, two), pair16(w.d + n_sb, two));
+    mins = _mm512_mul_ps(bytes16(w.mn + g0, two), pair16(w.dmin + n_sb, two));
+}
+
 // q4k on 512-bit vectors, two super-blocks at a time. Per pair the codes' 64-byte loads
 // are regrouped once (for all rows) so that each vector holds vector v of both
 // super-blocks (sb's in the low 256 bits), against activations stored alike
@@ -773,9 +781,8 @@ inline void q4k_one_512(const QuantRows256 xq, int K, const Q4KWeights w, const 
             wq[4 * h + 2] = _mm512_and_si512(second, mask);
             wq[4 * h + 3] = _mm512_and_si512(_mm512_srli_epi16(second, 4), mask);
         }
-        const __m512 scd = _mm512_mul_ps(bytes16(w.sc + g0, true), pair16(w.d + (int64_t)n * S + sb, true));
-        const __m512 mins = _mm512_mul_ps(bytes16(w.mn + g0, true),
-                                          pair16(w.dmin + (int64_t)n * S + sb, true));
+        __m512 scd, mins;
+        q4k_factors(w, g0, (int64_t)n * S + sb, true, scd, mins);
 #pragma GCC unroll 16
         for (int m = 0; m < M; ++m) {
             const int8_t *x = xq.codes + m * (int64_t)K + sb * SUPER;
@@ -801,9 +808,8 @@ inline void q4k_one_512(const QuantRows256 xq, int K, const Q4KWeights w, const 
             wq[2 * c] = _mm512_and_si512(v, mask);
             wq[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
         }
-        const __m512 scd = _mm512_mul_ps(bytes16(w.sc + g0, false), pair16(w.d + (int64_t)n * S + sb, false));
-        const __m512 mins = _mm512_mul_ps(bytes16(w.mn + g0, false),
-                                          pair16(w.dmin + (int64_t)n * S + sb, false));
+        __m512 scd, mins;
+        q4k_factors(w, g0, (int64_t)n * S + sb, false, scd, mins);
 #pragma GCC unroll 16
         for (int m = 0; m < M; ++m) {
             const int8_t *x = xq.codes + m * (int64_t)K + sb * SUPER;
