@@ -745,6 +745,37 @@ inline void q4k_factors(const Q4KWeights &w, int64_t g0, int64_t n_sb, bool two,
     mins = _mm512_mul_ps(bytes16(w.mn + g0, two), pair16(w.dmin + n_sb, two));
 }
 
+// Every row's running sum after super-blocks sb (and sb + 1 when Two) against unpacked
+// codes wq (see q4k_one_512): the 16 group sums (lane l: group l % 8 of super-block
+// sb + l / 8; a lone super-block's halves joined, its partner's lanes zero), then
+// (dot_g * sc_g * d) * dx - (dmin * mn_g) * (dx * bsum_g).
+template <int M, bool Two>
+__attribute__((always_inline)) inline void q4k_fold_rows(const QuantRows256 &xq, int K, int G,
+                                                         int sb, const __m512i *wq, __m512 scd,
+                                                         __m512 mins, __m512 (&acc)[M]) {
+#pragma GCC unroll 16
+    for (int m = 0; m < M; ++m) {
+        const int8_t *x = xq.codes + m * (int64_t)K + sb * SUPER;
+        __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {
+            a = _mm512_dpbusd_epi32(a, wq[j], _mm512_loadu_si512((const void *)(x + 64 * j)));
+            if constexpr (Two)
+                b = _mm512_dpbusd_epi32(b, wq[4 + j], _mm512_loadu_si512((const void *)(x + 64 * (4 + j))));
+        }
+        const __m512i sums = Two ? _mm512_add_epi32(a, b) : join_halves(a, b);
+        const __m512 dots = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), scd);
+        const int64_t at = (int64_t)m * G + sb * (SUPER / GROUP);
+        if constexpr (Two) {
+            acc[m] = _mm512_fmadd_ps(dots, _mm512_loadu_ps(xq.gscale + at), acc[m]);
+            acc[m] = _mm512_fnmadd_ps(mins, _mm512_loadu_ps(xq.bsum + at), acc[m]);
+        } else {
+            acc[m] = _mm512_fmadd_ps(dots, _mm512_maskz_loadu_ps(0x00FF, xq.gscale + at), acc[m]);
+            acc[m] = _mm512_fnmadd_ps(mins, _mm512_maskz_loadu_ps(0x00FF, xq.bsum + at), acc[m]);
+        }
+    }
+}
+
 // q4k on 512-bit vectors, two super-blocks at a time. Per pair the codes' 64-byte loads
 // are regrouped once (for all rows) so that each vector holds vector v of both
 // super-blocks (sb's in the low 256 bits), against activations stored alike
@@ -783,21 +814,7 @@ inline void q4k_one_512(const QuantRows256 xq, int K, const Q4KWeights w, const 
         }
         __m512 scd, mins;
         q4k_factors(w, g0, (int64_t)n * S + sb, true, scd, mins);
-#pragma GCC unroll 16
-        for (int m = 0; m < M; ++m) {
-            const int8_t *x = xq.codes + m * (int64_t)K + sb * SUPER;
-            __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; ++j) {
-                a = _mm512_dpbusd_epi32(a, wq[j], _mm512_loadu_si512((const void *)(x + 64 * j)));
-                b = _mm512_dpbusd_epi32(b, wq[4 + j], _mm512_loadu_si512((const void *)(x + 64 * (4 + j))));
-            }
-            // [16] int32: group l % 8 of super-block sb + l / 8
-            const __m512 dots = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a, b)), scd);
-            const int64_t at = (int64_t)m * G + sb * (SUPER / GROUP);
-            acc[m] = _mm512_fmadd_ps(dots, _mm512_loadu_ps(xq.gscale + at), acc[m]);
-            acc[m] = _mm512_fnmadd_ps(mins, _mm512_loadu_ps(xq.bsum + at), acc[m]);
-        }
+        q4k_fold_rows<M, true>(xq, K, G, sb, wq, scd, mins, acc);
     }
     if (sb < S) {  // a last, unpaired super-block: its partner's lanes zero
         const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
@@ -810,18 +827,7 @@ inline void q4k_one_512(const QuantRows256 xq, int K, const Q4KWeights w, const 
         }
         __m512 scd, mins;
         q4k_factors(w, g0, (int64_t)n * S + sb, false, scd, mins);
-#pragma GCC unroll 16
-        for (int m = 0; m < M; ++m) {
-            const int8_t *x = xq.codes + m * (int64_t)K + sb * SUPER;
-            __m512i a = _mm512_setzero_si512();
-            for (int j = 0; j < 4; ++j)
-                a = _mm512_dpbusd_epi32(a, wq[j], _mm512_loadu_si512((const void *)(x + 64 * j)));
-            const __m512 dots = _mm512_mul_ps(
-                _mm512_cvtepi32_ps(join_halves(a, _mm512_setzero_si512())), scd);
-            const int64_t at = (int64_t)m * G + sb * (SUPER / GROUP);
-            acc[m] = _mm512_fmadd_ps(dots, _mm512_maskz_loadu_ps(0x00FF, xq.gscale + at), acc[m]);
-            acc[m] = _mm512_fnmadd_ps(mins, _mm512_maskz_loadu_ps(0x00FF, xq.bsum + at), acc[m]);
-        }
+        q4k_fold_rows<M, false>(xq, K, G, sb, wq, scd, mins, acc);
     }
     const float b = bias ? bias[n] : 0.0f;
 #pragma GCC unroll 16
