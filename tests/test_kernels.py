@@ -224,9 +224,10 @@ def q4k_reference(x: torch.Tensor, layer: Q4KLinear) -> torch.Tensor:
 
 
 # 256: one super-block, unpaired; 1536: three pairs (AVX-512 sums a pair in one vector);
-# 1280: two pairs and a last one alone
+# 1280: two pairs and a last one alone; 4352: from 8 rows on more activations than L1
+# holds, so AVX-512 takes two output features at once (37 of them: one left alone a tile)
 @pytest.mark.parametrize(("n", "k", "bias"), [(64, 256, False), (37, 1536, True),
-                                              (50, 1280, False)])
+                                              (50, 1280, False), (37, 4352, True)])
 def test_q4k_kernel_matches_the_reference_and_holds_the_gguf_weight(
     n: int, k: int, bias: bool, variant: str
 ) -> None:
@@ -384,7 +385,8 @@ def test_amx_computes_the_bits_of_avx512() -> None:
             pytest.skip(reason)
     torch.manual_seed(12)
     layers = [Q4KLinear.from_groups(decode_int4(q4_k_blocks(n, k), QuantType.Q4_K, n, k),
-                                    torch.randn(n)) for n, k in ((37, 1536), (50, 768))]
+                                    torch.randn(n)) for n, k in ((37, 1536), (50, 768),
+                                                                 (37, 4352))]
     layers.append(Q6KLinear.from_blocks(decode_q6_k(q6_k_blocks(24, 512), 24, 512)))
     outs: dict[str, list[torch.Tensor]] = {}
     try:

@@ -745,101 +745,137 @@ inline void q4k_factors(const Q4KWeights &w, int64_t g0, int64_t n_sb, bool two,
     mins = _mm512_mul_ps(bytes16(w.mn + g0, two), pair16(w.dmin + n_sb, two));
 }
 
-// Every row's running sum after super-blocks sb (and sb + 1 when Two) against unpacked
-// codes wq (see q4k_one_512): the 16 group sums (lane l: group l % 8 of super-block
-// sb + l / 8; a lone super-block's halves joined, its partner's lanes zero), then
-// (dot_g * sc_g * d) * dx - (dmin * mn_g) * (dx * bsum_g).
-template <int M, bool Two>
+// Every row's running sums after super-blocks sb (and sb + 1 when Two) of F output
+// features at once, against unpacked codes wq[f] (see q4k_one_512): each activation
+// vector is loaded once for the F features. Per row and feature: the 16 group sums
+// (lane l: group l % 8 of super-block sb + l / 8; a lone super-block's halves joined, its
+// partner's lanes zero), then (dot_g * sc_g * d) * dx - (dmin * mn_g) * (dx * bsum_g).
+template <int M, int F, bool Two>
 __attribute__((always_inline)) inline void q4k_fold_rows(const QuantRows256 &xq, int K, int G,
-                                                         int sb, const __m512i *wq, __m512 scd,
-                                                         __m512 mins, __m512 (&acc)[M]) {
+                                                         int sb, const __m512i (*wq)[8],
+                                                         const __m512 *scd, const __m512 *mins,
+                                                         __m512 (&acc)[F][M]) {
+    constexpr bool chains = M * F < 4;  // two sums per row and feature, for latency
 #pragma GCC unroll 16
     for (int m = 0; m < M; ++m) {
         const int8_t *x = xq.codes + m * (int64_t)K + sb * SUPER;
-        __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
+        __m512i a[F], b[F];
+#pragma GCC unroll 2
+        for (int f = 0; f < F; ++f) a[f] = b[f] = _mm512_setzero_si512();
 #pragma GCC unroll 4
         for (int j = 0; j < 4; ++j) {
-            a = _mm512_dpbusd_epi32(a, wq[j], _mm512_loadu_si512((const void *)(x + 64 * j)));
-            if constexpr (Two)
-                b = _mm512_dpbusd_epi32(b, wq[4 + j], _mm512_loadu_si512((const void *)(x + 64 * (4 + j))));
+            const __m512i lo = _mm512_loadu_si512((const void *)(x + 64 * j));
+#pragma GCC unroll 2
+            for (int f = 0; f < F; ++f) a[f] = _mm512_dpbusd_epi32(a[f], wq[f][j], lo);
+            if constexpr (Two) {
+                const __m512i hi = _mm512_loadu_si512((const void *)(x + 64 * (4 + j)));
+#pragma GCC unroll 2
+                for (int f = 0; f < F; ++f) {
+                    if constexpr (chains) b[f] = _mm512_dpbusd_epi32(b[f], wq[f][4 + j], hi);
+                    else a[f] = _mm512_dpbusd_epi32(a[f], wq[f][4 + j], hi);
+                }
+            }
         }
-        const __m512i sums = Two ? _mm512_add_epi32(a, b) : join_halves(a, b);
-        const __m512 dots = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), scd);
         const int64_t at = (int64_t)m * G + sb * (SUPER / GROUP);
-        if constexpr (Two) {
-            acc[m] = _mm512_fmadd_ps(dots, _mm512_loadu_ps(xq.gscale + at), acc[m]);
-            acc[m] = _mm512_fnmadd_ps(mins, _mm512_loadu_ps(xq.bsum + at), acc[m]);
-        } else {
-            acc[m] = _mm512_fmadd_ps(dots, _mm512_maskz_loadu_ps(0x00FF, xq.gscale + at), acc[m]);
-            acc[m] = _mm512_fnmadd_ps(mins, _mm512_maskz_loadu_ps(0x00FF, xq.bsum + at), acc[m]);
+        const __m512 gs = Two ? _mm512_loadu_ps(xq.gscale + at) : _mm512_maskz_loadu_ps(0x00FF, xq.gscale + at);
+        const __m512 bs = Two ? _mm512_loadu_ps(xq.bsum + at) : _mm512_maskz_loadu_ps(0x00FF, xq.bsum + at);
+#pragma GCC unroll 2
+        for (int f = 0; f < F; ++f) {
+            const __m512i sums = !Two ? join_halves(a[f], b[f]) : chains ? _mm512_add_epi32(a[f], b[f]) : a[f];
+            const __m512 dots = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), scd[f]);
+            acc[f][m] = _mm512_fmadd_ps(dots, gs, acc[f][m]);
+            acc[f][m] = _mm512_fnmadd_ps(mins[f], bs, acc[f][m]);
         }
     }
 }
 
-// q4k on 512-bit vectors, two super-blocks at a time. Per pair the codes' 64-byte loads
-// are regrouped once (for all rows) so that each vector holds vector v of both
-// super-blocks (sb's in the low 256 bits), against activations stored alike
-// (paired_at): eight vpdpbusd per row leave group g of sb in lane g and of sb + 1 in lane
-// 8 + g. Per row and pair the 16 group sums take their factors in one [16] vector:
-// (dot_g * sc_g * d) * dx - (dmin * mn_g) * (dx * bsum_g). A last, unpaired super-block
-// unpacks into vectors (0, 2), (1, 3), (4, 6), (5, 7) against activations in slot order,
-// its two halves joined, and its partner's lanes zero. Every group sum is exact, so the
-// pairing changes no bit of any output.
-template <int M>
+// q4k on 512-bit vectors, two super-blocks at a time, for output features n .. n + F - 1
+// (F = 2 shares each activation load between two features; the same bits as F = 1). Per
+// pair the codes' 64-byte loads are regrouped once (for all rows) so that each vector
+// holds vector v of both super-blocks (sb's in the low 256 bits), against activations
+// stored alike (paired_at): eight vpdpbusd per row leave group g of sb in lane g and of
+// sb + 1 in lane 8 + g. Per row and pair the 16 group sums take their factors in one
+// [16] vector: (dot_g * sc_g * d) * dx - (dmin * mn_g) * (dx * bsum_g). A last, unpaired
+// super-block unpacks into vectors (0, 2), (1, 3), (4, 6), (5, 7) against activations in
+// slot order, its two halves joined, and its partner's lanes zero. Every group sum is
+// exact, so the pairing changes no bit of any output.
+template <int M, int F>
 inline void q4k_one_512(const QuantRows256 xq, int K, const Q4KWeights w, const float *bias,
                         float *y, int N, int n) {
     const int S = K / SUPER, G = K / GROUP;
     const __m512i mask = _mm512_set1_epi8(0x0F);
-    __m512 acc[M];
+    __m512 acc[F][M];
+#pragma GCC unroll 2
+    for (int f = 0; f < F; ++f)
 #pragma GCC unroll 16
-    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+        for (int m = 0; m < M; ++m) acc[f][m] = _mm512_setzero_ps();
     int sb = 0;
     for (; sb + 1 < S; sb += 2) {  // whole pairs
-        const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
-        const uint8_t *codes = w.codes + g0 * (GROUP / 2);
-        prefetch((const char *)codes + Q4K_AHEAD_WIDE, SUPER);
-        prefetch((const char *)(w.sc + g0) + Q4K_AHEAD_WIDE / 16, 1);
-        prefetch((const char *)(w.mn + g0) + Q4K_AHEAD_WIDE / 16, 1);
-        __m512i wq[8];  // vector v of sb (low 256 bits) and of sb + 1
+        __m512i wq[F][8];  // vector v of sb (low 256 bits) and of sb + 1
+        __m512 scd[F], mins[F];
 #pragma GCC unroll 2
-        for (int h = 0; h < 2; ++h) {  // chunks 2h, 2h + 1: vectors 4h .. 4h + 3
-            const __m512i c = _mm512_loadu_si512((const void *)(codes + 64 * h));
-            const __m512i d = _mm512_loadu_si512((const void *)(codes + SUPER / 2 + 64 * h));
-            const __m512i first = _mm512_shuffle_i64x2(c, d, 0x44);  // chunk 2h of both
-            const __m512i second = _mm512_shuffle_i64x2(c, d, 0xEE);  // chunk 2h + 1
-            wq[4 * h] = _mm512_and_si512(first, mask);
-            wq[4 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(first, 4), mask);
-            wq[4 * h + 2] = _mm512_and_si512(second, mask);
-            wq[4 * h + 3] = _mm512_and_si512(_mm512_srli_epi16(second, 4), mask);
+        for (int f = 0; f < F; ++f) {
+            const int64_t g0 = (int64_t)(n + f) * G + sb * (SUPER / GROUP);
+            const uint8_t *codes = w.codes + g0 * (GROUP / 2);
+            prefetch((const char *)codes + Q4K_AHEAD_WIDE, SUPER);
+            prefetch((const char *)(w.sc + g0) + Q4K_AHEAD_WIDE / 16, 1);
+            prefetch((const char *)(w.mn + g0) + Q4K_AHEAD_WIDE / 16, 1);
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; ++h) {  // chunks 2h, 2h + 1: vectors 4h .. 4h + 3
+                const __m512i c = _mm512_loadu_si512((const void *)(codes + 64 * h));
+                const __m512i d = _mm512_loadu_si512((const void *)(codes + SUPER / 2 + 64 * h));
+                const __m512i first = _mm512_shuffle_i64x2(c, d, 0x44);  // chunk 2h of both
+                const __m512i second = _mm512_shuffle_i64x2(c, d, 0xEE);  // chunk 2h + 1
+                wq[f][4 * h] = _mm512_and_si512(first, mask);
+                wq[f][4 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(first, 4), mask);
+                wq[f][4 * h + 2] = _mm512_and_si512(second, mask);
+                wq[f][4 * h + 3] = _mm512_and_si512(_mm512_srli_epi16(second, 4), mask);
+            }
+            q4k_factors(w, g0, (int64_t)(n + f) * S + sb, true, scd[f], mins[f]);
         }
-        __m512 scd, mins;
-        q4k_factors(w, g0, (int64_t)n * S + sb, true, scd, mins);
-        q4k_fold_rows<M, true>(xq, K, G, sb, wq, scd, mins, acc);
+        q4k_fold_rows<M, F, true>(xq, K, G, sb, wq, scd, mins, acc);
     }
     if (sb < S) {  // a last, unpaired super-block: its partner's lanes zero
-        const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
-        const uint8_t *codes = w.codes + g0 * (GROUP / 2);
-        __m512i wq[4];  // vectors (0, 2), (1, 3), (4, 6), (5, 7)
-        for (int c = 0; c < 2; ++c) {
-            const __m512i v = _mm512_loadu_si512((const void *)(codes + c * 64));
-            wq[2 * c] = _mm512_and_si512(v, mask);
-            wq[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+        __m512i wq[F][8];  // vectors (0, 2), (1, 3), (4, 6), (5, 7)
+        __m512 scd[F], mins[F];
+#pragma GCC unroll 2
+        for (int f = 0; f < F; ++f) {
+            const int64_t g0 = (int64_t)(n + f) * G + sb * (SUPER / GROUP);
+            const uint8_t *codes = w.codes + g0 * (GROUP / 2);
+            for (int c = 0; c < 2; ++c) {
+                const __m512i v = _mm512_loadu_si512((const void *)(codes + c * 64));
+                wq[f][2 * c] = _mm512_and_si512(v, mask);
+                wq[f][2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+            }
+            q4k_factors(w, g0, (int64_t)(n + f) * S + sb, false, scd[f], mins[f]);
         }
-        __m512 scd, mins;
-        q4k_factors(w, g0, (int64_t)n * S + sb, false, scd, mins);
-        q4k_fold_rows<M, false>(xq, K, G, sb, wq, scd, mins, acc);
+        q4k_fold_rows<M, F, false>(xq, K, G, sb, wq, scd, mins, acc);
     }
-    const float b = bias ? bias[n] : 0.0f;
+#pragma GCC unroll 2
+    for (int f = 0; f < F; ++f) {
+        const float b = bias ? bias[n + f] : 0.0f;
 #pragma GCC unroll 16
-    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = sum_lanes(acc[m]) + b;
+        for (int m = 0; m < M; ++m) y[(int64_t)m * N + n + f] = sum_lanes(acc[f][m]) + b;
+    }
 }
 #endif
+
+// Bytes of activations (rows times inputs) above which q4k's AVX-512 loop takes two
+// output features at once: the rows no longer fit a core's L1 data cache (32 KiB on Zen
+// 4, 48 on Intel's recent cores), and loading each activation vector once for two
+// features halves what streams in from L2. Below it the second feature's registers cost
+// more than they save.
+constexpr int64_t TWO_FEATURES_FROM = 32 * 1024;
 
 template <int M>
 void q4k_rows(const QuantRows256 xq, int K, const Q4KWeights w, const float *bias, float *y,
               int N, int n0, int n1) {
 #if ANVE_AVX512
-    for (int n = n0; n < n1; ++n) q4k_one_512<M>(xq, K, w, bias, y, N, n);
+    int n = n0;
+    if constexpr (M >= 2)
+        if ((int64_t)M * K > TWO_FEATURES_FROM)
+            for (; n + 1 < n1; n += 2) q4k_one_512<M, 2>(xq, K, w, bias, y, N, n);
+    for (; n < n1; ++n) q4k_one_512<M, 1>(xq, K, w, bias, y, N, n);
 #elif ANVE_VNNI
     for (int n = n0; n < n1; ++n) q4k_one_vnni<M>(xq, K, w, bias, y, N, n);
 #else
