@@ -2,7 +2,7 @@
 costs, a test clock; nothing here is timed)."""
 
 import json
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,6 +10,7 @@ import pytest
 
 from engine.spec.calibration import (
     CHECK_PASSES,
+    CONTEXT,
     KINDS,
     MAX_ENTRIES,
     MAX_K,
@@ -407,7 +408,7 @@ def test_an_engine_calibrates_once_then_reads_its_cache(tmp_path: Path) -> None:
     (0.0007, False),  # the machine is busier now than when it was measured
 ])
 def test_a_cached_calibration_is_measured_again_when_t1_has_moved(
-    tmp_path: Path, cached_t1: float, trusted: bool,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cached_t1: float, trusted: bool,
 ) -> None:
     """At start an engine measures t(1) (a few one-row forwards) and keeps its cached
     calibration only if the two agree within DRIFT; otherwise it measures the whole
@@ -415,6 +416,15 @@ def test_a_cached_calibration_is_measured_again_when_t1_has_moved(
     cached from a slow moment on a 65 ms machine once made auto run a losing method."""
     engine = ChatEngine(tiny_loaded("tiny-target", seed=1, scale=4.0),
                         tiny_loaded("tiny-draft", seed=2, scale=4.0))
+    reads: list[int] = []  # prompts the target read into a cache (the check's context)
+    sync = ModelRunner.sync
+
+    def counted(runner: ModelRunner, ids: Sequence[int]) -> None:
+        if runner.model is engine.target.model and len(ids) >= CONTEXT - 1:
+            reads.append(len(ids))
+        sync(runner, ids)
+
+    monkeypatch.setattr(ModelRunner, "sync", counted)
     path = tmp_path / "calibration.json"
     observed = Observations()
     observed.record("ngram", "code", seen(3, 1), 10, 20)
@@ -428,6 +438,7 @@ def test_a_cached_calibration_is_measured_again_when_t1_has_moved(
     assert engine.calibration.source == ("cache" if trusted else "measured")
     assert (slices <= CHECK_PASSES + 2) == trusted  # context, warm-up, then the forwards
     assert engine.calibration.t1 == pytest.approx(cached_t1 if trusted else 0.001)
+    assert reads == [CONTEXT]  # measured again after the check's context, not a second read
     assert engine.observations.evidence("ngram", "code").accepted == 3
     again, _ = CalibrationCache(path).load(engine.calibration_key)
     assert again is not None and again.t1 == pytest.approx(engine.calibration.t1)

@@ -273,11 +273,17 @@ def non_decreasing(ratios: Mapping[int, float]) -> dict[int, float]:
     return dict(zip(sorted(ratios), fitted, strict=True))
 
 
-def _timed_forwards(target: Any, clock: Callable[[], float]
-                    ) -> Generator[None, None, tuple[list[int], Callable[[int], float]]]:
+Timed = tuple[list[int], Callable[[int], float]]  # the context read, and a timed forward
+
+
+def timed_forwards(target: Any, clock: Callable[[], float] = time.perf_counter
+                   ) -> Generator[None, None, Timed]:
     """Read :data:`CONTEXT` tokens into a fresh cache of ``target`` and warm it up (a
     slice each); returns the context and a function timing one forward over ``k`` new
-    tokens after it (seconds; the cache is cut back to the context afterwards)."""
+    tokens after it (seconds; the cache is cut back to the context afterwards). Reading
+    the context costs more than the forwards of a check: :func:`measure_t1` and
+    :func:`measure` take one already read (``timed``), so a cached calibration found
+    stale is measured again without reading it twice."""
     from engine.spec.runner import ModelRunner
 
     vocab = int(target.config.vocab_size)
@@ -299,11 +305,13 @@ def _timed_forwards(target: Any, clock: Callable[[], float]
 
 
 def measure_t1(target: Any, passes: int = CHECK_PASSES,
-               clock: Callable[[], float] = time.perf_counter) -> Generator[None, None, float]:
+               clock: Callable[[], float] = time.perf_counter, timed: Timed | None = None,
+               ) -> Generator[None, None, float]:
     """The target's t(1) now: the median of ``passes`` one-row forwards after the same
-    context :func:`measure` uses, one slice a forward. A worker compares it with a cached
-    calibration's (:func:`agrees`) before trusting that calibration."""
-    _, forward = yield from _timed_forwards(target, clock)
+    context :func:`measure` uses, one slice a forward (``timed``: that context already
+    read, see :func:`timed_forwards`). A worker compares it with a cached calibration's
+    (:func:`agrees`) before trusting that calibration."""
+    _, forward = timed if timed is not None else (yield from timed_forwards(target, clock))
     ones = []
     for _ in range(passes):
         ones.append(forward(1))
@@ -321,17 +329,18 @@ def agrees(cached_t1: float, now_t1: float) -> bool:
 
 def measure(target: Any, drafters: Mapping[str, Drafter], key: str, budget_s: float = 4.0,
             clock: Callable[[], float] = time.perf_counter, max_rounds: int = 5,
-            ) -> Generator[None, None, Calibration]:
+            timed: Timed | None = None) -> Generator[None, None, Calibration]:
     """Measure the target's t(k), k = 1..16, and each drafter's step and prompt reading
     costs, one short slice per ``next()`` (see the module). ``target``: a loaded model
-    (``LoadedModel.model``); ``drafters``: name -> drafter (``engine.spec.drafters``). The
-    drafters' state is reset afterwards."""
+    (``LoadedModel.model``); ``drafters``: name -> drafter (``engine.spec.drafters``);
+    ``timed``: the context already read (:func:`timed_forwards`, with the same ``clock``).
+    The drafters' state is reset afterwards."""
     import torch
 
     from engine.spec.runner import ModelRunner
     from engine.spec.sampling import SamplingParams
 
-    context, forward = yield from _timed_forwards(target, clock)
+    context, forward = timed if timed is not None else (yield from timed_forwards(target, clock))
     # every measured cost is paired with a t(1) taken just before it: a shared machine's
     # speed moves within seconds, and the ratio of two neighbours follows it where a ratio
     # to a t(1) of another moment does not

@@ -94,6 +94,7 @@ from engine.spec.calibration import (
     model_identity,
     predict,
     shipped_observations,
+    timed_forwards,
 )
 from engine.spec.decoding import StatsRecorder, Step, decode
 from engine.spec.detokenize import IncrementalDetokenizer
@@ -617,13 +618,15 @@ class ChatEngine:
         and save it there. A cached one is used (from the first slice on) while t(1) is
         measured again (:func:`engine.spec.calibration.measure_t1`); if the two disagree
         (:func:`engine.spec.calibration.agrees`) it is measured again, keeping what the
-        methods were seen to accept."""
+        methods were seen to accept, after the context the check read (read once)."""
         self._cache = None if cache is None else CalibrationCache(Path(cache))
+        timed = None  # the context read for the check, kept for a measurement after it
         if self._cache is not None:
             cached, observations = self._cache.load(self.calibration_key)
             if cached is not None:
                 self.calibration, self.observations = cached, observations
-                now = yield from measure_t1(self.target.model, clock=clock)
+                timed = yield from timed_forwards(self.target.model, clock)
+                now = yield from measure_t1(self.target.model, clock=clock, timed=timed)
                 if agrees(cached.t1, now):
                     log.info("calibration for this machine and models read from %s "
                              "(t(1) %.1f ms cached, %.1f ms now)", cache, cached.t1 * 1000,
@@ -634,7 +637,8 @@ class ChatEngine:
                 # meanwhile, its ratios (each paired with a t(1) of its moment) with t(1) now
                 self.calibration = replace(cached, t1=now)
         calibration = yield from measure(self.target.model, self.drafters,
-                                         self.calibration_key, budget_s, clock=clock)
+                                         self.calibration_key, budget_s, clock=clock,
+                                         timed=timed)
         self.calibration = calibration
         log.info("calibrated: t(1) %.1f ms, t(8)/t(1) %.2f, t(16)/t(1) %.2f; steps %s",
                  calibration.t1 * 1000, calibration.ratio_at(8), calibration.ratio_at(16),
