@@ -310,6 +310,30 @@ def test_row_attention_matches_the_reference_and_each_row_stands_alone(variant: 
         assert torch.equal(alone[:, 0], out[:, t])
 
 
+@pytest.mark.parametrize(("heads", "kv_heads", "dh", "length", "rows"), [
+    (12, 2, 128, 150, 1),  # the appliance's grouping, past two spans of 64 positions
+    (6, 2, 80, 70, 3),  # an output block of 64 values and two of 8
+    (40, 1, 24, 65, 1),  # one key/value head for 40: split into parts of at most 32
+])
+def test_grouped_heads_get_the_bits_of_each_head_alone(
+    heads: int, kv_heads: int, dh: int, length: int, rows: int, variant: str
+) -> None:
+    """The query heads of a key/value head run as one task over spans of the cache: each
+    gets what it gets alone, which is what the same attention gives with the key/value
+    head repeated for each of them (one head a task), causal or with a draft tree."""
+    torch.manual_seed(13)
+    q = torch.randn(1, heads, rows, dh)
+    k, v = torch.randn(1, kv_heads, length, dh), torch.randn(1, kv_heads, length, dh)
+    alone_k = k.repeat_interleave(heads // kv_heads, dim=1)
+    alone_v = v.repeat_interleave(heads // kv_heads, dim=1)
+    trees = [None] + ([kernels.tree_masks([-1, 0, 0][:rows])] if rows > 1 else [])
+    for tree in trees:
+        grouped = kernels.row_attention(q, k, v, dh**-0.5, tree)
+        assert torch.equal(grouped, kernels.row_attention(q, alone_k, alone_v, dh**-0.5, tree))
+    assert torch.allclose(kernels.row_attention(q, k, v, dh**-0.5).double(),
+                          reference_attention(q, k, v), atol=1e-5)
+
+
 def test_layers_sharing_an_input_in_one_call_give_each_layer_its_own_output(variant: str) -> None:
     torch.manual_seed(8)
     k = 512

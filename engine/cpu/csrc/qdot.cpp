@@ -43,12 +43,14 @@
 // weights (8 elsewhere), more in balanced passes; amx's q4k tiles take all rows in one.
 //
 // Row attention (anve_row_attention): softmax(q . k^T * scaling) . v in float32 for T
-// query rows, each over its own causal prefix of the cache, one (row, head) pair per
-// task, every sum in a fixed order: a row's output never depends on how many rows came
-// with it, like the linear kernels above. With a draft tree (a mask per row: bit j set
-// where row t sees new row j, its ancestors and itself) a row sees the cache before the
-// step and those rows, and gets bit for bit what a one-row step gets once its ancestors
-// sit contiguously before it (the positions are visited in the same order).
+// query rows, each over its own causal prefix of the cache, one row and the query heads
+// of one key/value head per task (attend_heads: the cache read once a span for all of
+// them), every sum in a fixed order: a row's output never depends on how many rows came
+// with it, nor on how the heads were grouped, like the linear kernels above. With a
+// draft tree (a mask per row: bit j set where row t sees new row j, its ancestors and
+// itself) a row sees the cache before the step and those rows, and gets bit for bit what
+// a one-row step gets once its ancestors sit contiguously before it (the positions are
+// visited in the same order).
 //
 // Decoder step (anve_decoder_step): a whole Llama/Qwen2 step of T new tokens (any T for
 // causal rows, e.g. 64 a call when reading a prompt; at most 31 with a draft tree)
@@ -60,6 +62,7 @@
 // each row over its own sequence's cache: bit-identical to that sequence's one-row step.
 
 #include <immintrin.h>
+#include <omp.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -1447,52 +1450,114 @@ struct Seen {
     int64_t at(int j) const { return j < prefix ? j : pick[j - prefix]; }
 };
 
-// out[i0 .. i0 + 8C) = inv * sum_j scores[j] * v[seen j, i0 ..]: C independent accumulators.
+// acc[c] += sum_{j0 <= j < j1} scores[j] * v[seen j, i0 + 8c ..], j in ascending order: C
+// independent accumulators over a span of the seen positions (spans taken in order add up
+// to the whole sum, operation by operation).
 template <int C>
-inline void weighted_sum(const float *scores, const float *v, const Seen &seen, int Dh, int i0,
-                         float inv, float *out) {
-    __m256 acc[C];
-    for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
-    const int len = seen.len();
-    for (int j = 0; j < len; ++j) {
+inline void weighted_span(const float *scores, const float *v, const Seen &seen, int Dh, int i0,
+                          int j0, int j1, __m256 *acc) {
+    __m256 a[C];
+    for (int c = 0; c < C; ++c) a[c] = acc[c];
+    for (int j = j0; j < j1; ++j) {
         const __m256 s = _mm256_set1_ps(scores[j]);
         const float *row = v + seen.at(j) * Dh + i0;
-        for (int c = 0; c < C; ++c)
-            acc[c] = _mm256_fmadd_ps(s, _mm256_loadu_ps(row + 8 * c), acc[c]);
+        for (int c = 0; c < C; ++c) a[c] = _mm256_fmadd_ps(s, _mm256_loadu_ps(row + 8 * c), a[c]);
     }
-    for (int c = 0; c < C; ++c)
-        _mm256_storeu_ps(out + i0 + 8 * c, _mm256_mul_ps(acc[c], _mm256_set1_ps(inv)));
+    for (int c = 0; c < C; ++c) acc[c] = a[c];
 }
 
-// One query row of one head: out[Dh] = softmax(q . K[seen]^T * scaling) . V[seen]. The
-// order of every operation depends only on how many positions are seen, so a row that
-// sees its ancestors scattered in the cache gets what it gets with them contiguous.
-void attend_row(const float *q, const float *k, const float *v, const Seen &seen, int Dh,
-                float scaling, float *scores, float *out) {
+// Seen positions a span of attend_heads takes at a time: 64 rows of keys or values of 128
+// floats (32 KiB) stay in L1 while every head of the group reads them.
+constexpr int SPAN = 64;
+
+// Heads that share one key/value head (grouped-query attention), each query row alone:
+// out[h][Dh] = softmax(q[h] . K[seen]^T * scaling) . V[seen] for h < G. The positions are
+// taken a span at a time for all G heads, so each span of the cache is read once for the
+// group, where one head at a time read all of it G times over (from L2 or L3 on a long
+// context). Every head's every operation is the one a head alone would run, in the same
+// order (a dot product per position; then the softmax; then per 64 output values one sum
+// over the positions in ascending order), and depends only on how many positions are
+// seen, so a row that sees its ancestors scattered in the cache gets what it gets with
+// them contiguous. scores: G * seen.len() floats; acc: G * Dh / 8 vectors of scratch.
+void attend_heads(const float *const *q, int G, const float *k, const float *v, const Seen &seen,
+                  int Dh, float scaling, float *scores, __m256 *acc, float *const *out) {
     const int len = seen.len();
-    float top = -INFINITY;
-    for (int j = 0; j < len; ++j) {
-        scores[j] = dot8(q, k + seen.at(j) * Dh, Dh) * scaling;
-        top = scores[j] > top ? scores[j] : top;
+    float top[32];
+    for (int h = 0; h < G; ++h) top[h] = -INFINITY;
+    for (int j0 = 0; j0 < len; j0 += SPAN) {
+        const int j1 = j0 + SPAN < len ? j0 + SPAN : len;
+        for (int h = 0; h < G; ++h) {
+            float *sc = scores + (int64_t)h * len;
+            for (int j = j0; j < j1; ++j) {
+                sc[j] = dot8(q[h], k + seen.at(j) * Dh, Dh) * scaling;
+                top[h] = sc[j] > top[h] ? sc[j] : top[h];
+            }
+        }
     }
-    const __m256 vtop = _mm256_set1_ps(top);
-    __m256 sums = _mm256_setzero_ps();
-    int j = 0;
-    for (; j + 8 <= len; j += 8) {
-        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + j), vtop));
-        _mm256_storeu_ps(scores + j, e);
-        sums = _mm256_add_ps(sums, e);
+    float inv[32];
+    for (int h = 0; h < G; ++h) {
+        float *sc = scores + (int64_t)h * len;
+        const __m256 vtop = _mm256_set1_ps(top[h]);
+        __m256 sums = _mm256_setzero_ps();
+        int j = 0;
+        for (; j + 8 <= len; j += 8) {
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), vtop));
+            _mm256_storeu_ps(sc + j, e);
+            sums = _mm256_add_ps(sums, e);
+        }
+        float total = hsum(sums);
+        for (; j < len; ++j) {
+            sc[j] = expf(sc[j] - top[h]);
+            total += sc[j];
+        }
+        inv[h] = 1.0f / total;
     }
-    float total = hsum(sums);
-    for (; j < len; ++j) {
-        scores[j] = expf(scores[j] - top);
-        total += scores[j];
+    const int vecs = Dh / 8;
+    for (int i = 0; i < G * vecs; ++i) acc[i] = _mm256_setzero_ps();
+    for (int j0 = 0; j0 < len; j0 += SPAN) {
+        const int j1 = j0 + SPAN < len ? j0 + SPAN : len;
+        for (int h = 0; h < G; ++h) {
+            const float *sc = scores + (int64_t)h * len;
+            __m256 *a = acc + (int64_t)h * vecs;
+            int i = 0;
+            for (; i + 64 <= Dh; i += 64) weighted_span<8>(sc, v, seen, Dh, i, j0, j1, a + i / 8);
+            for (; i < Dh; i += 8) weighted_span<1>(sc, v, seen, Dh, i, j0, j1, a + i / 8);
+        }
     }
-    const float inv = 1.0f / total;
-    int i = 0;
-    for (; i + 64 <= Dh; i += 64) weighted_sum<8>(scores, v, seen, Dh, i, inv, out);
-    for (; i < Dh; i += 8) weighted_sum<1>(scores, v, seen, Dh, i, inv, out);
+    for (int h = 0; h < G; ++h)
+        for (int i = 0; i < vecs; ++i)
+            _mm256_storeu_ps(out[h] + 8 * i, _mm256_mul_ps(acc[(int64_t)h * vecs + i],
+                                                           _mm256_set1_ps(inv[h])));
 }
+
+// Per thread: attend_heads' scores and sums for up to `heads` heads over `len` positions.
+struct AttendScratch {
+    float *scores;
+    __m256 *acc;
+    AttendScratch(int heads, int len, int Dh)
+        : scores((float *)malloc(sizeof(float) * (size_t)heads * (size_t)(len > 0 ? len : 1))),
+          acc((__m256 *)aligned_alloc(32, sizeof(__m256) * (size_t)heads * (size_t)(Dh / 8))) {}
+    ~AttendScratch() { free(scores); free(acc); }
+};
+
+// How the query heads of a key/value head are split into tasks: into `parts` of `per`
+// heads (the last may hold fewer), where `whole` tasks of a whole group each would leave
+// threads idle (one row over two key/value heads), and into parts of at most 32 heads
+// (what attend_heads takes).
+struct HeadParts {
+    int parts, per;
+    HeadParts(int whole, int group) {
+        const int threads = omp_get_max_threads();
+        parts = whole >= threads ? 1 : (threads + whole - 1) / whole;
+        parts = parts < group ? parts : group;
+        parts = parts > (group + 31) / 32 ? parts : (group + 31) / 32;
+        per = (group + parts - 1) / parts;
+    }
+    int first(int part) const { return part * per; }  // within the group
+    int count(int part, int group) const {
+        return (part + 1) * per < group ? per : group - part * per;
+    }
+};
 
 // --- elementwise pieces of a decoder layer (one row at a time, fixed order) ----------
 
@@ -1711,24 +1776,33 @@ void anve_linear_parts(const float *x, int M, int K, int n_parts, const Part *pa
 void anve_row_attention(const float *q, const float *k, const float *v, float *out, int H,
                         int Hkv, int T, int L, int Dh, int64_t head_stride, float scaling,
                         const uint32_t *tree) {
-    const int group = H / Hkv;
+    const int group = H / Hkv, whole = T * Hkv;
+    const HeadParts split(whole, group);  // tasks: (row, key/value head, part of its heads)
+    const int parts = split.parts;
 #pragma omp parallel
     {
-        float *scores = (float *)malloc(sizeof(float) * (size_t)L);
+        AttendScratch scratch(split.per, L, Dh);
         int pick[32];
+        const float *qs[32];
+        float *outs[32];
 #pragma omp for schedule(static)
-        for (int task = 0; task < T * H; ++task) {
-            const int t = task / H, h = task % H, kv = h / group;
+        for (int task = 0; task < whole * parts; ++task) {
+            const int t = task / (Hkv * parts), kv = task / parts % Hkv, part = task % parts;
+            const int h0 = kv * group + split.first(part), g = split.count(part, group);
+            if (g <= 0) continue;
             Seen seen = {L - T + t + 1, pick, 0};
             if (tree) {  // the cache before this step, then the new rows row t sees
                 seen.prefix = L - T;
                 for (int j = 0; j < T; ++j)
                     if (tree[t] >> j & 1u) pick[seen.picked++] = L - T + j;
             }
-            attend_row(q + ((int64_t)h * T + t) * Dh, k + kv * head_stride, v + kv * head_stride,
-                       seen, Dh, scaling, scores, out + ((int64_t)t * H + h) * Dh);
+            for (int i = 0; i < g; ++i) {
+                qs[i] = q + ((int64_t)(h0 + i) * T + t) * Dh;
+                outs[i] = out + ((int64_t)t * H + h0 + i) * Dh;
+            }
+            attend_heads(qs, g, k + kv * head_stride, v + kv * head_stride, seen, Dh, scaling,
+                         scratch.scores, scratch.acc, outs);
         }
-        free(scores);
     }
 }
 
@@ -1832,7 +1906,7 @@ void anve_decoder_step(const DecoderModel *m, float *x, int T, int start, const 
 // attends to positions 0 .. pos[t] of that cache. A sequence's rows of one call sit at
 // consecutive positions in order (every row's key is written before any row attends).
 // The linear layers read their weights once for all rows. Each row goes through exactly
-// the operations a one-row anve_decoder_step of its sequence gives it (attend_row over
+// the operations a one-row anve_decoder_step of its sequence gives it (attend_heads over
 // the same number of positions, the same per-row elementwise code), so the row promise
 // holds across sequences: a row's bits do not depend on which other rows came with it.
 void anve_decoder_step_seqs(const DecoderModel *m, float *x, int T, const int *seq,
@@ -1859,20 +1933,28 @@ void anve_decoder_step_seqs(const DecoderModel *m, float *x, int T, const int *s
                 for (int i = 0; i < Dh; ++i) vb[at + i] = s.v[from + i];
             }
         }
+        const HeadParts split(T * m->kv_heads, group);
 #pragma omp parallel
         {
-            float *scores = (float *)malloc(sizeof(float) * (size_t)longest);
+            AttendScratch scratch(split.per, longest, Dh);
+            const float *qs[32];
+            float *outs[32];
 #pragma omp for schedule(static)
-            for (int task = 0; task < T * m->heads; ++task) {
-                const int t = task / m->heads, hh = task % m->heads, kv = hh / group;
+            for (int task = 0; task < T * m->kv_heads * split.parts; ++task) {
+                const int t = task / (m->kv_heads * split.parts);
+                const int kv = task / split.parts % m->kv_heads, part = task % split.parts;
+                const int h0 = kv * group + split.first(part), g = split.count(part, group);
+                if (g <= 0) continue;
                 const int64_t at_layer = (int64_t)seq[t] * m->n_layers + l;
                 const int64_t stride = strides[at_layer];
                 const Seen seen = {pos[t] + 1, nullptr, 0};
-                attend_row(s.qr + ((int64_t)t * m->heads + hh) * Dh,
-                           kbufs[at_layer] + kv * stride, vbufs[at_layer] + kv * stride, seen,
-                           Dh, m->scaling, scores, s.att + ((int64_t)t * m->heads + hh) * Dh);
+                for (int i = 0; i < g; ++i) {
+                    qs[i] = s.qr + ((int64_t)t * m->heads + h0 + i) * Dh;
+                    outs[i] = s.att + ((int64_t)t * m->heads + h0 + i) * Dh;
+                }
+                attend_heads(qs, g, kbufs[at_layer] + kv * stride, vbufs[at_layer] + kv * stride,
+                             seen, Dh, m->scaling, scratch.scores, scratch.acc, outs);
             }
-            free(scores);
         }
         layer_rest(m, L, x, T, s);
     }
