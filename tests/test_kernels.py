@@ -314,22 +314,31 @@ def test_row_attention_matches_the_reference_and_each_row_stands_alone(variant: 
     (12, 2, 128, 150, 1),  # the appliance's grouping, past two spans of 64 positions
     (6, 2, 80, 70, 3),  # an output block of 64 values and two of 8
     (40, 1, 24, 65, 1),  # one key/value head for 40: split into parts of at most 32
+    (12, 2, 64, 90, 20),  # rows in tasks of 16, then 4
 ])
 def test_grouped_heads_get_the_bits_of_each_head_alone(
     heads: int, kv_heads: int, dh: int, length: int, rows: int, variant: str
 ) -> None:
-    """The query heads of a key/value head run as one task over spans of the cache: each
-    gets what it gets alone, which is what the same attention gives with the key/value
-    head repeated for each of them (one head a task), causal or with a draft tree."""
+    """The query heads of a key/value head, and the rows of a step, run as one task over
+    spans of the cache: each row and head gets what it gets alone, which is what the same
+    attention gives with the key/value head repeated for each query head (one head a
+    task) and what the row gets computed alone, causal or with a draft tree."""
     torch.manual_seed(13)
     q = torch.randn(1, heads, rows, dh)
     k, v = torch.randn(1, kv_heads, length, dh), torch.randn(1, kv_heads, length, dh)
     alone_k = k.repeat_interleave(heads // kv_heads, dim=1)
     alone_v = v.repeat_interleave(heads // kv_heads, dim=1)
-    trees = [None] + ([kernels.tree_masks([-1, 0, 0][:rows])] if rows > 1 else [])
+    parents = [-1] + [(i - 1) // 2 for i in range(1, rows)]  # a binary draft tree
+    trees = [None] + ([kernels.tree_masks(parents)] if rows > 1 else [])
     for tree in trees:
         grouped = kernels.row_attention(q, k, v, dh**-0.5, tree)
         assert torch.equal(grouped, kernels.row_attention(q, alone_k, alone_v, dh**-0.5, tree))
+    causal = kernels.row_attention(q, k, v, dh**-0.5)
+    for t in range(rows):  # each row alone, the cache cut at its end
+        end = length - rows + t + 1
+        alone = kernels.row_attention(q[:, :, t : t + 1], k[:, :, :end], v[:, :, :end],
+                                      dh**-0.5)
+        assert torch.equal(alone[:, 0], causal[:, t])
     assert torch.allclose(kernels.row_attention(q, k, v, dh**-0.5).double(),
                           reference_attention(q, k, v), atol=1e-5)
 

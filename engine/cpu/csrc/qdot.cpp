@@ -43,10 +43,10 @@
 // weights (8 elsewhere), more in balanced passes; amx's q4k tiles take all rows in one.
 //
 // Row attention (anve_row_attention): softmax(q . k^T * scaling) . v in float32 for T
-// query rows, each over its own causal prefix of the cache, one row and the query heads
-// of one key/value head per task (attend_heads: the cache read once a span for all of
-// them), every sum in a fixed order: a row's output never depends on how many rows came
-// with it, nor on how the heads were grouped, like the linear kernels above. With a
+// query rows, each over its own causal prefix of the cache, up to 16 rows and the query
+// heads of one key/value head per task (attend_heads: the cache read once a span for all
+// of them), every sum in a fixed order: a row's output never depends on how many rows came
+// with it, nor on how rows and heads were grouped, like the linear kernels above. With a
 // draft tree (a mask per row: bit j set where row t sees new row j, its ancestors and
 // itself) a row sees the cache before the step and those rows, and gets bit for bit what
 // a one-row step gets once its ancestors sit contiguously before it (the positions are
@@ -69,6 +69,7 @@
 #include <string.h>
 
 #include <type_traits>
+#include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512VNNI__) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
@@ -1470,75 +1471,95 @@ inline void weighted_span(const float *scores, const float *v, const Seen &seen,
 // floats (32 KiB) stay in L1 while every head of the group reads them.
 constexpr int SPAN = 64;
 
-// Heads that share one key/value head (grouped-query attention), each query row alone:
-// out[h][Dh] = softmax(q[h] . K[seen]^T * scaling) . V[seen] for h < G. The positions are
-// taken a span at a time for all G heads, so each span of the cache is read once for the
-// group, where one head at a time read all of it G times over (from L2 or L3 on a long
-// context). Every head's every operation is the one a head alone would run, in the same
-// order (a dot product per position; then the softmax; then per 64 output values one sum
-// over the positions in ascending order), and depends only on how many positions are
-// seen, so a row that sees its ancestors scattered in the cache gets what it gets with
-// them contiguous. scores: G * seen.len() floats; acc: G * Dh / 8 vectors of scratch.
-void attend_heads(const float *const *q, int G, const float *k, const float *v, const Seen &seen,
-                  int Dh, float scaling, float *scores, __m256 *acc, float *const *out) {
-    const int len = seen.len();
-    float top[32];
-    for (int h = 0; h < G; ++h) top[h] = -INFINITY;
-    for (int j0 = 0; j0 < len; j0 += SPAN) {
-        const int j1 = j0 + SPAN < len ? j0 + SPAN : len;
-        for (int h = 0; h < G; ++h) {
-            float *sc = scores + (int64_t)h * len;
+// The most (row, head) pairs attend_heads takes in one call.
+constexpr int MAX_PAIRS = 128;
+
+// Query rows and heads that share one key/value head (grouped-query attention, and the
+// rows of one step), each pair alone: out[p][Dh] = softmax(q[p] . K[seen p]^T * scaling) .
+// V[seen p] for p < P (P <= MAX_PAIRS). The positions are taken a span at a time for all
+// P pairs, so each span of the cache is read once for them, where one pair at a time read
+// all of it P times over (from L2 or L3 on a long context). Every pair's every operation
+// is the one it runs alone, in the same order (a dot product per position; then the
+// softmax; then per 64 output values one sum over its positions in ascending order), and
+// depends only on how many positions it sees, so a row that sees its ancestors scattered
+// in the cache gets what it gets with them contiguous. scores: P * (the longest seen)
+// floats; acc: P * Dh / 8 vectors of scratch.
+void attend_heads(const float *const *q, const Seen *const *seen, int P, const float *k,
+                  const float *v, int Dh, float scaling, float *scores, __m256 *acc,
+                  float *const *out) {
+    int longest = 0, len[MAX_PAIRS];
+    float top[MAX_PAIRS], inv[MAX_PAIRS];
+    for (int p = 0; p < P; ++p) {
+        len[p] = seen[p]->len();
+        longest = len[p] > longest ? len[p] : longest;
+        top[p] = -INFINITY;
+    }
+    for (int j0 = 0; j0 < longest; j0 += SPAN) {
+        for (int p = 0; p < P; ++p) {
+            float *sc = scores + (int64_t)p * longest;
+            const int j1 = j0 + SPAN < len[p] ? j0 + SPAN : len[p];
             for (int j = j0; j < j1; ++j) {
-                sc[j] = dot8(q[h], k + seen.at(j) * Dh, Dh) * scaling;
-                top[h] = sc[j] > top[h] ? sc[j] : top[h];
+                sc[j] = dot8(q[p], k + seen[p]->at(j) * Dh, Dh) * scaling;
+                top[p] = sc[j] > top[p] ? sc[j] : top[p];
             }
         }
     }
-    float inv[32];
-    for (int h = 0; h < G; ++h) {
-        float *sc = scores + (int64_t)h * len;
-        const __m256 vtop = _mm256_set1_ps(top[h]);
+    for (int p = 0; p < P; ++p) {
+        float *sc = scores + (int64_t)p * longest;
+        const __m256 vtop = _mm256_set1_ps(top[p]);
         __m256 sums = _mm256_setzero_ps();
         int j = 0;
-        for (; j + 8 <= len; j += 8) {
+        for (; j + 8 <= len[p]; j += 8) {
             const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), vtop));
             _mm256_storeu_ps(sc + j, e);
             sums = _mm256_add_ps(sums, e);
         }
         float total = hsum(sums);
-        for (; j < len; ++j) {
-            sc[j] = expf(sc[j] - top[h]);
+        for (; j < len[p]; ++j) {
+            sc[j] = expf(sc[j] - top[p]);
             total += sc[j];
         }
-        inv[h] = 1.0f / total;
+        inv[p] = 1.0f / total;
     }
     const int vecs = Dh / 8;
-    for (int i = 0; i < G * vecs; ++i) acc[i] = _mm256_setzero_ps();
-    for (int j0 = 0; j0 < len; j0 += SPAN) {
-        const int j1 = j0 + SPAN < len ? j0 + SPAN : len;
-        for (int h = 0; h < G; ++h) {
-            const float *sc = scores + (int64_t)h * len;
-            __m256 *a = acc + (int64_t)h * vecs;
+    for (int i = 0; i < P * vecs; ++i) acc[i] = _mm256_setzero_ps();
+    for (int j0 = 0; j0 < longest; j0 += SPAN) {
+        for (int p = 0; p < P; ++p) {
+            const int j1 = j0 + SPAN < len[p] ? j0 + SPAN : len[p];
+            if (j1 <= j0) continue;
+            const float *sc = scores + (int64_t)p * longest;
+            __m256 *a = acc + (int64_t)p * vecs;
             int i = 0;
-            for (; i + 64 <= Dh; i += 64) weighted_span<8>(sc, v, seen, Dh, i, j0, j1, a + i / 8);
-            for (; i < Dh; i += 8) weighted_span<1>(sc, v, seen, Dh, i, j0, j1, a + i / 8);
+            for (; i + 64 <= Dh; i += 64) weighted_span<8>(sc, v, *seen[p], Dh, i, j0, j1, a + i / 8);
+            for (; i < Dh; i += 8) weighted_span<1>(sc, v, *seen[p], Dh, i, j0, j1, a + i / 8);
         }
     }
-    for (int h = 0; h < G; ++h)
+    for (int p = 0; p < P; ++p)
         for (int i = 0; i < vecs; ++i)
-            _mm256_storeu_ps(out[h] + 8 * i, _mm256_mul_ps(acc[(int64_t)h * vecs + i],
-                                                           _mm256_set1_ps(inv[h])));
+            _mm256_storeu_ps(out[p] + 8 * i, _mm256_mul_ps(acc[(int64_t)p * vecs + i],
+                                                           _mm256_set1_ps(inv[p])));
 }
 
-// Per thread: attend_heads' scores and sums for up to `heads` heads over `len` positions.
+// Per thread: attend_heads' scores and sums for `pairs` pairs over up to `len` positions,
+// kept between calls (a step calls attention once a layer; a fresh buffer for a long
+// context's scores would cost its page faults every time).
 struct AttendScratch {
     float *scores;
     __m256 *acc;
-    AttendScratch(int heads, int len, int Dh)
-        : scores((float *)malloc(sizeof(float) * (size_t)heads * (size_t)(len > 0 ? len : 1))),
-          acc((__m256 *)aligned_alloc(32, sizeof(__m256) * (size_t)heads * (size_t)(Dh / 8))) {}
-    ~AttendScratch() { free(scores); free(acc); }
+    AttendScratch(int pairs, int len, int Dh) {
+        thread_local std::vector<float> s;
+        thread_local std::vector<__m256> a;
+        const size_t n = (size_t)pairs * (size_t)(len > 0 ? len : 1);
+        const size_t m = (size_t)pairs * (size_t)(Dh / 8);
+        if (s.size() < n) s.resize(n);
+        if (a.size() < m) a.resize(m);
+        scores = s.data();
+        acc = a.data();
+    }
 };
+
+// Query rows one attention task takes at most (with a group's heads, at most MAX_PAIRS).
+constexpr int ROWS_A_TASK = 16;
 
 // How the query heads of a key/value head are split into tasks: into `parts` of `per`
 // heads (the last may hold fewer), where `whole` tasks of a whole group each would leave
@@ -1776,31 +1797,43 @@ void anve_linear_parts(const float *x, int M, int K, int n_parts, const Part *pa
 void anve_row_attention(const float *q, const float *k, const float *v, float *out, int H,
                         int Hkv, int T, int L, int Dh, int64_t head_stride, float scaling,
                         const uint32_t *tree) {
-    const int group = H / Hkv, whole = T * Hkv;
-    const HeadParts split(whole, group);  // tasks: (row, key/value head, part of its heads)
-    const int parts = split.parts;
+    const int group = H / Hkv;
+    // tasks: (block of rows, key/value head, part of its query heads); the rows of a block
+    // and the heads of a part read the cache together (attend_heads)
+    int rows = T < ROWS_A_TASK ? T : ROWS_A_TASK;
+    const HeadParts split(Hkv * ((T + rows - 1) / rows), group);
+    rows = rows < MAX_PAIRS / split.per ? rows : MAX_PAIRS / split.per;
+    const int blocks = (T + rows - 1) / rows, parts = split.parts;
 #pragma omp parallel
     {
-        AttendScratch scratch(split.per, L, Dh);
-        int pick[32];
-        const float *qs[32];
-        float *outs[32];
+        AttendScratch scratch(rows * split.per, L, Dh);
+        int pick[ROWS_A_TASK][32];
+        Seen seen[ROWS_A_TASK];
+        const Seen *seens[MAX_PAIRS];
+        const float *qs[MAX_PAIRS];
+        float *outs[MAX_PAIRS];
 #pragma omp for schedule(static)
-        for (int task = 0; task < whole * parts; ++task) {
-            const int t = task / (Hkv * parts), kv = task / parts % Hkv, part = task % parts;
+        for (int task = 0; task < blocks * Hkv * parts; ++task) {
+            const int block = task / (Hkv * parts), kv = task / parts % Hkv, part = task % parts;
             const int h0 = kv * group + split.first(part), g = split.count(part, group);
+            const int t0 = block * rows, t1 = t0 + rows < T ? t0 + rows : T;
             if (g <= 0) continue;
-            Seen seen = {L - T + t + 1, pick, 0};
-            if (tree) {  // the cache before this step, then the new rows row t sees
-                seen.prefix = L - T;
-                for (int j = 0; j < T; ++j)
-                    if (tree[t] >> j & 1u) pick[seen.picked++] = L - T + j;
+            int P = 0;
+            for (int t = t0; t < t1; ++t) {
+                Seen &st = seen[t - t0];
+                st = {L - T + t + 1, pick[t - t0], 0};
+                if (tree) {  // the cache before this step, then the new rows row t sees
+                    st.prefix = L - T;
+                    for (int j = 0; j < T; ++j)
+                        if (tree[t] >> j & 1u) pick[t - t0][st.picked++] = L - T + j;
+                }
+                for (int i = 0; i < g; ++i, ++P) {
+                    seens[P] = &st;
+                    qs[P] = q + ((int64_t)(h0 + i) * T + t) * Dh;
+                    outs[P] = out + ((int64_t)t * H + h0 + i) * Dh;
+                }
             }
-            for (int i = 0; i < g; ++i) {
-                qs[i] = q + ((int64_t)(h0 + i) * T + t) * Dh;
-                outs[i] = out + ((int64_t)t * H + h0 + i) * Dh;
-            }
-            attend_heads(qs, g, k + kv * head_stride, v + kv * head_stride, seen, Dh, scaling,
+            attend_heads(qs, seens, P, k + kv * head_stride, v + kv * head_stride, Dh, scaling,
                          scratch.scores, scratch.acc, outs);
         }
     }
@@ -1937,6 +1970,7 @@ void anve_decoder_step_seqs(const DecoderModel *m, float *x, int T, const int *s
 #pragma omp parallel
         {
             AttendScratch scratch(split.per, longest, Dh);
+            const Seen *seens[32];
             const float *qs[32];
             float *outs[32];
 #pragma omp for schedule(static)
@@ -1949,11 +1983,13 @@ void anve_decoder_step_seqs(const DecoderModel *m, float *x, int T, const int *s
                 const int64_t stride = strides[at_layer];
                 const Seen seen = {pos[t] + 1, nullptr, 0};
                 for (int i = 0; i < g; ++i) {
+                    seens[i] = &seen;
                     qs[i] = s.qr + ((int64_t)t * m->heads + h0 + i) * Dh;
                     outs[i] = s.att + ((int64_t)t * m->heads + h0 + i) * Dh;
                 }
-                attend_heads(qs, g, kbufs[at_layer] + kv * stride, vbufs[at_layer] + kv * stride,
-                             seen, Dh, m->scaling, scratch.scores, scratch.acc, outs);
+                attend_heads(qs, seens, g, kbufs[at_layer] + kv * stride,
+                             vbufs[at_layer] + kv * stride, Dh, m->scaling, scratch.scores,
+                             scratch.acc, outs);
             }
         }
         layer_rest(m, L, x, T, s);
