@@ -39,6 +39,7 @@ from engine.spec.calibration import (
 from engine.spec.drafters import Draft, Drafter
 from engine.spec.drafters.ngram import NgramDrafter
 from engine.spec.drafters.suffix import SuffixDrafter
+from engine.spec.policy import DraftPolicy
 from engine.spec.runner import Head, ModelRunner
 from engine.spec.session import ChatEngine
 from engine.tools import bench
@@ -610,3 +611,25 @@ def test_an_answer_says_when_auto_ran_it_as_a_trial(monkeypatch: pytest.MonkeyPa
     *_, done = engine.generate([{"role": "user", "content": "Say hi"}], max_tokens=4,
                                method="ngram")
     assert done.stats.trial is False  # type: ignore[union-attr]  # asked for, not chosen
+
+
+def test_policies_made_before_the_calibration_take_its_figures() -> None:
+    """An answer that ran before the worker's calibration finished left an adaptive policy
+    that knew only the sizes it timed and priced the rest at a constant from another
+    machine; when the calibration arrives it fills what the policy had not measured, and
+    keeps what it had."""
+    engine = ChatEngine(tiny_loaded("tiny-target", seed=1, scale=4.0),
+                        tiny_loaded("tiny-draft", seed=2, scale=4.0))
+    question = [{"role": "user", "content": "Say hi"}]
+    list(engine.generate(question, max_tokens=8, method="draft"))
+    policy = engine.policies[("draft", classify("Say hi"))]
+    assert isinstance(policy, DraftPolicy)
+    timed = dict(policy.ratio)
+    assert policy.read_share is None and len(timed) < engine.max_adaptive
+    for _ in engine.calibrate(None, budget_s=0.0):
+        pass
+    assert engine.calibration is not None
+    calibrated = {k for k in engine.calibration.ratios if k <= engine.max_adaptive + 1}
+    assert calibrated - set(timed) and calibrated <= set(policy.ratio)
+    assert all(policy.ratio[k] == ratio for k, ratio in timed.items())
+    assert policy.read_share == engine.calibration.read["draft"]

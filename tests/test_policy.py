@@ -592,3 +592,16 @@ def test_the_first_token_s_plain_pass_times_t1_for_the_policy(
     parts.select("lookup").t1 = parts.select("model").t1 = 0.0022
     _, steps = run(ReadingDrafter(clock), parts)
     assert parts.t1 == pytest.approx(0.001)
+
+
+def test_a_policy_takes_calibrated_figures_only_where_it_has_none() -> None:
+    calibrated = DraftPolicy.calibrated(0.03, {2: 1.1, 3: 1.2, 4: 1.4}, 0.004, read_share=0.01)
+    early = DraftPolicy()  # made before the calibration: it timed t(2) only
+    early.ratio[2] = 1.3
+    early.fill(calibrated)
+    assert early.t1 == 0.03 and early.t1_prior  # the calibration's, until it times its own
+    assert early.ratio == {2: 1.3, 3: 1.2, 4: 1.4}
+    assert early.draft_cost == 0.004 and early.read_share == 0.01
+    timed = DraftPolicy(t1=0.05, draft_cost=0.002)
+    timed.fill(calibrated)
+    assert timed.t1 == 0.05 and not timed.t1_prior and timed.draft_cost == 0.002

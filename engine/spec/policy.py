@@ -34,6 +34,10 @@ never used (it is the prior for ``t(k)`` before anything was measured). The cali
 ``SPIKE`` times faster, the calibration was taken in a slow moment, and that ``t(1)``
 replaces it at once (the decoding loop gives the policy the time of a first pass that
 runs plain while a drafter has not read the prompt; see :func:`engine.spec.decoding.decode`).
+A policy made before the machine was calibrated (an answer that ran while the worker was
+still measuring) takes the calibration's figures when it arrives, where it has none of
+its own (:meth:`DraftPolicy.fill`): the sizes it never timed are then priced by this
+machine, not by ``PRIOR_SLOPE``.
 
 Under load (continuous batching, :mod:`engine.spec.batch`) the loop tells the policy how
 many other answers share the coming pass (``others``); the draft length then maximises
@@ -244,6 +248,20 @@ class DraftPolicy:
         policy.t1, policy.ratio, policy.draft_cost = t1, dict(ratios), draft_cost
         policy.read_share, policy.t1_prior = read_share, True
         return policy
+
+    def fill(self, calibrated: "DraftPolicy") -> None:
+        """Take ``calibrated``'s figures (:meth:`calibrated`) where this policy has none of
+        its own: a policy created before the machine was calibrated knew only the sizes it
+        had timed, and priced the others at ``PRIOR_SLOPE``, a constant from another
+        machine. What it measured itself stays."""
+        if self.t1 is None and calibrated.t1 is not None:
+            self.t1, self.t1_prior = calibrated.t1, True
+        for k, ratio in calibrated.ratio.items():
+            self.ratio.setdefault(k, ratio)
+        if self.draft_cost is None:
+            self.draft_cost = calibrated.draft_cost
+        if self.read_share is None:
+            self.read_share = calibrated.read_share
 
     def select(self, part: str | None) -> "DraftPolicy":
         """The policy for a pass drafted by ``part``: itself (one drafter, one policy)."""

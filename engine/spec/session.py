@@ -625,6 +625,7 @@ class ChatEngine:
             cached, observations = self._cache.load(self.calibration_key)
             if cached is not None:
                 self.calibration, self.observations = cached, observations
+                self._fill_policies()
                 timed = yield from timed_forwards(self.target.model, clock)
                 now = yield from measure_t1(self.target.model, clock=clock, timed=timed)
                 if agrees(cached.t1, now):
@@ -640,11 +641,23 @@ class ChatEngine:
                                          self.calibration_key, budget_s, clock=clock,
                                          timed=timed)
         self.calibration = calibration
+        self._fill_policies()
         log.info("calibrated: t(1) %.1f ms, t(8)/t(1) %.2f, t(16)/t(1) %.2f; steps %s",
                  calibration.t1 * 1000, calibration.ratio_at(8), calibration.ratio_at(16),
                  ", ".join(f"{k} {v:.3f}" for k, v in calibration.step.items()))
         self._save()
         return calibration
+
+    def _fill_policies(self) -> None:
+        """Give the adaptive policies that answers created before the calibration existed
+        its figures where they have none of their own (:meth:`DraftPolicy.fill`)."""
+        if self.calibration is None:
+            return
+        for slot in self.slots:
+            for (method, _), policy in slot.policies.items():
+                parts = policy.parts if isinstance(policy, PartPolicies) else {method: policy}
+                for name, part in parts.items():
+                    part.fill(self.calibration.policy(name, self.max_adaptive))
 
     def _save(self) -> None:
         if self._cache is not None:
