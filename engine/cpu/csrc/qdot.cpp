@@ -1561,23 +1561,25 @@ struct AttendScratch {
 // Query rows one attention task takes at most (with a group's heads, at most MAX_PAIRS).
 constexpr int ROWS_A_TASK = 16;
 
-// How the query heads of a key/value head are split into tasks: into `parts` of `per`
-// heads (the last may hold fewer), where `whole` tasks of a whole group each would leave
-// threads idle (one row over two key/value heads), and into parts of at most 32 heads
-// (what attend_heads takes).
+// The most query heads of one key/value head a task takes (the size of a task's arrays).
+constexpr int MAX_PART = 32;
+
+// How the `group` query heads of a key/value head are split into tasks: into `parts` of
+// `per` heads (the last may hold fewer, none is empty), where `whole` tasks of a whole
+// group each would leave threads idle (one row over two key/value heads), and into parts
+// of at most MAX_PART heads.
 struct HeadParts {
-    int parts, per;
-    HeadParts(int whole, int group) {
+    int group, per, parts;
+    HeadParts(int whole, int group_) : group(group_) {
         const int threads = omp_get_max_threads();
-        parts = whole >= threads ? 1 : (threads + whole - 1) / whole;
-        parts = parts < group ? parts : group;
-        parts = parts > (group + 31) / 32 ? parts : (group + 31) / 32;
-        per = (group + parts - 1) / parts;
+        int wanted = whole >= threads ? 1 : (threads + whole - 1) / whole;
+        wanted = wanted < group ? wanted : group;
+        per = (group + wanted - 1) / wanted;
+        per = per < MAX_PART ? per : MAX_PART;
+        parts = (group + per - 1) / per;
     }
     int first(int part) const { return part * per; }  // within the group
-    int count(int part, int group) const {
-        return (part + 1) * per < group ? per : group - part * per;
-    }
+    int count(int part) const { return (part + 1) * per < group ? per : group - part * per; }
 };
 
 // --- elementwise pieces of a decoder layer (one row at a time, fixed order) ----------
@@ -1815,9 +1817,8 @@ void anve_row_attention(const float *q, const float *k, const float *v, float *o
 #pragma omp for schedule(static)
         for (int task = 0; task < blocks * Hkv * parts; ++task) {
             const int block = task / (Hkv * parts), kv = task / parts % Hkv, part = task % parts;
-            const int h0 = kv * group + split.first(part), g = split.count(part, group);
+            const int h0 = kv * group + split.first(part), g = split.count(part);
             const int t0 = block * rows, t1 = t0 + rows < T ? t0 + rows : T;
-            if (g <= 0) continue;
             int P = 0;
             for (int t = t0; t < t1; ++t) {
                 Seen &st = seen[t - t0];
@@ -1970,15 +1971,14 @@ void anve_decoder_step_seqs(const DecoderModel *m, float *x, int T, const int *s
 #pragma omp parallel
         {
             AttendScratch scratch(split.per, longest, Dh);
-            const Seen *seens[32];
-            const float *qs[32];
-            float *outs[32];
+            const Seen *seens[MAX_PART];
+            const float *qs[MAX_PART];
+            float *outs[MAX_PART];
 #pragma omp for schedule(static)
             for (int task = 0; task < T * m->kv_heads * split.parts; ++task) {
                 const int t = task / (m->kv_heads * split.parts);
                 const int kv = task / split.parts % m->kv_heads, part = task % split.parts;
-                const int h0 = kv * group + split.first(part), g = split.count(part, group);
-                if (g <= 0) continue;
+                const int h0 = kv * group + split.first(part), g = split.count(part);
                 const int64_t at_layer = (int64_t)seq[t] * m->n_layers + l;
                 const int64_t stride = strides[at_layer];
                 const Seen seen = {pos[t] + 1, nullptr, 0};
