@@ -1,5 +1,6 @@
 """Fast CPU linear layers: same function as the reference, and identical greedy tokens."""
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -217,9 +218,10 @@ def test_int4_mode_runs_the_gguf_codes_close_to_the_dense_model(
     assert int4_layers(report) == 5 and not report.fallbacks
     if native:  # the three Q4_K tensors in their own integer form
         assert report.layers["q4k"] == 3
-    assert report.layers["q6k"] == (1 if native else 0)  # exact on our kernels
+    q6 = kernels.q6k_form()  # the form the running variant loads Q6_K tensors in
+    assert report.layers[q6] == (1 if native else 0)  # exact on our kernels
     rest = int8 if mode == "int4+int8" else "fp32"
-    assert report.layers[rest] == 2 * 7 + 1 - 5 - report.layers["q6k"]
+    assert report.layers[rest] == 2 * 7 + 1 - 5 - report.layers[q6]
     layer = model.get_submodule("model.layers.0.self_attn.q_proj")
     assert isinstance(layer, Q4Linear if native else Int4Linear)
     assert model.get_output_embeddings().weight.shape == (320, 256)  # shape-only stand-in
@@ -302,6 +304,31 @@ def test_converted_layers_are_cached_and_reloaded(tmp_path: Path, native: bool) 
         assert held and all(b.data_ptr() % CACHE_LINE == 0 for b in held)
     with torch.no_grad():
         assert torch.equal(again(x).logits, expected)
+
+
+def test_q6_k_loads_in_the_running_variants_form_and_either_form_gives_the_same_logits(
+    tmp_path: Path, variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Q6_K tensors load as q6kp where the variant prefers it (6-bit codes), cached in a
+    file of their own; the other form, forced, gives the very same logits."""
+    x = torch.tensor([[3, 17, 42, 99, 7]])
+    folder = tmp_path / "accelerated"
+    preferred = kernels.q6k_form()
+    assert preferred == ("q6kp" if variant in ("avx512", "amx") else "q6k")
+    base, path = gguf_model(tmp_path)
+    logits, kinds = [], []
+    for form in (preferred, "q6kp" if preferred == "q6k" else "q6k"):
+        monkeypatch.setattr(kernels, "q6k_form", lambda form=form: form)
+        model = copy.deepcopy(base)
+        report = accelerate(model, path, "int4+int8", cache_dir=folder, native=True)
+        assert report.layers[form] == 1 and not report.from_cache
+        cached = cache_path(folder, "int4+int8", torch.float32, True)
+        assert cached.is_file() and ("-q6kp-" in cached.name) == (form == "q6kp")
+        kinds.append({type(m).__name__ for m in model.modules()} & {"Q6KLinear", "Q6KPLinear"})
+        with torch.no_grad():
+            logits.append(model(x).logits)
+    assert sorted(k for ks in kinds for k in ks) == ["Q6KLinear", "Q6KPLinear"]
+    assert torch.equal(logits[0], logits[1])
 
 
 def test_aligned_copies_only_what_is_off_a_cache_line() -> None:

@@ -12,15 +12,19 @@ from gguf import quants
 from engine.cpu import kernels, pages
 from engine.cpu.gguf import GroupQuant, Q6Blocks, decode_int4, decode_q6_k
 from engine.cpu.layers import (
+    Q6P_ORDER,
     Int8Linear,
     NativeCall,
     Q4KLinear,
     Q4Linear,
     Q6KLinear,
+    Q6KPLinear,
     Q8Linear,
     kernel_order,
     pack_pairs,
+    pack_q6,
     unpack_pairs,
+    unpack_q6,
 )
 from engine.cpu.quantize import accelerate, cache_path
 from tests.test_quant import q4_k_blocks, q6_k_blocks
@@ -263,22 +267,57 @@ def q6k_reference(x: torch.Tensor, b: Q6Blocks, bias: torch.Tensor | None) -> to
     return y if bias is None else y + bias.double()
 
 
+@pytest.mark.parametrize("form", [Q6KLinear, Q6KPLinear])
 @pytest.mark.parametrize(("n", "k", "bias"), [(40, 256, False), (19, 1536, True)])
 def test_q6k_kernel_holds_the_gguf_weight_and_matches_the_reference(
-    n: int, k: int, bias: bool, variant: str
+    n: int, k: int, bias: bool, form: type[Q6KLinear | Q6KPLinear], variant: str
 ) -> None:
     torch.manual_seed(6)
     data = q6_k_blocks(n, k)
     blocks = decode_q6_k(data, n, k)
     exact = torch.from_numpy(quants.dequantize(data, QuantType.Q6_K))
     assert torch.equal(blocks.dequantize(), exact)
-    layer = Q6KLinear.from_blocks(blocks, torch.randn(n) if bias else None)
+    layer = form.from_blocks(blocks, torch.randn(n) if bias else None)
     assert torch.equal(layer.dequantized(), exact)
     x = torch.randn(9, k) * 2
     y = layer(x)
     assert close(y, q6k_reference(x, blocks, layer.bias))
     for m in range(1, 9):
         assert torch.equal(layer(x[:m]), y[:m])
+
+
+def test_q6_codes_pack_into_six_bits_where_the_layout_says() -> None:
+    """``pack_q6``'s bytes, read back one code at a time as its docstring places them."""
+    torch.manual_seed(13)
+    q = torch.randint(-32, 32, (3, 512), dtype=torch.int8)  # kernel order
+    packed = pack_q6(q)
+    assert packed.shape == (3, 384) and packed.dtype == torch.uint8
+    assert torch.equal(unpack_q6(packed), q)
+    for row in range(3):
+        for sb in range(2):
+            block = packed[row, 192 * sb : 192 * (sb + 1)].tolist()
+            for i in range(256):  # u[i] belongs to kernel vector Q6P_ORDER[i // 32]
+                low = block[i % 128] >> (4 * (i // 128)) & 0x0F
+                top = block[128 + i % 64] >> (2 * (i // 64)) & 0x03
+                at = 256 * sb + Q6P_ORDER[i // 32] * 32 + i % 32
+                assert (low | top << 4) - 32 == int(q[row, at]), (row, sb, i)
+
+
+@pytest.mark.parametrize(("n", "k"), [(37, 1536), (24, 4352)])
+def test_q6_codes_in_six_bits_give_the_bits_of_a_byte_each(n: int, k: int, variant: str
+                                                          ) -> None:
+    """q6kp is q6k's weights from fewer bytes: the same integers and float steps in every
+    variant, so the same outputs at every row count (the AVX-512 loop takes one way up
+    to 4 rows and another above), with and without a bias."""
+    torch.manual_seed(14)
+    blocks = decode_q6_k(q6_k_blocks(n, k), n, k)
+    bias = torch.randn(n)
+    for with_bias in (None, bias):
+        plain = Q6KLinear.from_blocks(blocks, with_bias)
+        packed = Q6KPLinear.from_blocks(blocks, with_bias)
+        for rows in (1, 2, 4, 5, 8, 16, 17, 40):
+            x = torch.randn(rows, k) * 2
+            assert torch.equal(packed(x), plain(x)), (rows, with_bias is None)
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -349,9 +388,10 @@ def test_layers_sharing_an_input_in_one_call_give_each_layer_its_own_output(vari
     q4k = Q4KLinear.from_groups(decode_int4(q4_k_blocks(40, k), QuantType.Q4_K, 40, k),
                                 torch.randn(40))
     q6k = Q6KLinear.from_blocks(decode_q6_k(q6_k_blocks(24, k), 24, k))
+    q6kp = Q6KPLinear.from_blocks(decode_q6_k(q6_k_blocks(21, k), 21, k), torch.randn(21))
     q4 = Q4Linear.from_dense(torch.randn(17, k) * 0.05)
     q8 = Q8Linear.from_weight(torch.randn(33, k) * 0.05, torch.randn(33))
-    layers = [q4k, q6k, q4, q8]  # both roundings of the input, odd tile counts
+    layers = [q4k, q6k, q6kp, q4, q8]  # both roundings of the input, odd tile counts
     run = NativeCall(layers)
     for rows in (1, 3, 9, 17, 40):  # 40 rows: q4k on tiles in the amx variant
         x = torch.randn(1, rows, k)
@@ -397,6 +437,7 @@ def test_every_form_gives_each_row_the_same_bits_from_1_to_64_rows(k: int, varia
         Q4KLinear.from_groups(decode_int4(q4_k_blocks(40, k), QuantType.Q4_K, 40, k),
                               torch.randn(40)),
         Q6KLinear.from_blocks(decode_q6_k(q6_k_blocks(24, k), 24, k)),
+        Q6KPLinear.from_blocks(decode_q6_k(q6_k_blocks(24, k), 24, k), torch.randn(24)),
     ]
     assert kernels.max_rows() == (16 if variant in ("avx512", "amx") else 8)
     x = torch.randn(70, k) * 2
@@ -421,6 +462,7 @@ def test_amx_computes_the_bits_of_avx512() -> None:
                                     torch.randn(n)) for n, k in ((37, 1536), (50, 768),
                                                                  (37, 4352))]
     layers.append(Q6KLinear.from_blocks(decode_q6_k(q6_k_blocks(24, 512), 24, 512)))
+    layers.append(Q6KPLinear.from_blocks(decode_q6_k(q6_k_blocks(24, 512), 24, 512)))
     outs: dict[str, list[torch.Tensor]] = {}
     try:
         for name in ("avx512", "amx"):

@@ -43,6 +43,8 @@ FORMATS: tuple[Format, ...] = (
            row_major=True, efficient_rows=8),
     Format("q6k", "Q6_K in its own integer form", c_id=3, row_independent=True,
            row_major=True, efficient_rows=8),
+    Format("q6kp", "Q6_K in its own integer form, codes in 6 bits (q6k's bits)", c_id=4,
+           row_independent=True, row_major=True, efficient_rows=8),
     Format("int4", "4-bit codes on torch's int4 kernel (bfloat16 scale and zero)",
            row_independent=True, efficient_rows=4),
     Format("int8", "int8 per output channel on torch's int8 kernel", row_independent=True,

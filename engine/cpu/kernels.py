@@ -5,7 +5,8 @@ FMA and F16C, and a C++ compiler the first time). :class:`Layers` computes one o
 linear layers that read the same input in one call, each in its own form (:data:`FORMS`):
 q4 (4-bit codes, float16 scale and offset per 32) and q8 (per-channel int8) with the
 activations rounded to int8 per group of 32; q4k and q6k (Q4_K and Q6_K in their own
-integer form) with them rounded per 256 inputs, as llama.cpp. Each output row is
+integer form; q6kp the same Q6_K weights with 6-bit codes) with them rounded per 256
+inputs, as llama.cpp. Each output row is
 bit-identical whatever the number of rows or layers in the call (see the C++ file).
 When the kernels cannot run, the caller keeps torch's own kernels; nothing else changes.
 :func:`row_attention` computes attention for a few query rows over the KV cache, each row
@@ -77,6 +78,7 @@ class Variant:
     name: str
     flags: tuple[str, ...]  # beyond BASE_FLAGS
     cpu: frozenset[str]  # /proc/cpuinfo flags the code uses
+    q6k_form: str = "q6k"  # the form Q6_K tensors load in (see :func:`q6k_form`)
 
     @property
     def all_flags(self) -> tuple[str, ...]:
@@ -90,9 +92,9 @@ _AVX512_CPU = _AVX2_CPU | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
 VARIANTS = (  # worst first: the last one the CPU and compiler support runs
     Variant("avx2", _AVX2, _AVX2_CPU),
     Variant("avxvnni", (*_AVX2, "-mavxvnni"), _AVX2_CPU | {"avx_vnni"}),
-    Variant("avx512", _AVX512, _AVX512_CPU),
+    Variant("avx512", _AVX512, _AVX512_CPU, q6k_form="q6kp"),
     Variant("amx", (*_AVX512, "-mamx-tile", "-mamx-int8"),
-            _AVX512_CPU | {"amx_tile", "amx_int8"}),
+            _AVX512_CPU | {"amx_tile", "amx_int8"}, q6k_form="q6kp"),
 )
 BY_NAME = {v.name: v for v in VARIANTS}
 FLAGS = VARIANTS[0].all_flags  # the baseline build's flags
@@ -346,6 +348,15 @@ def reset() -> None:
     _resolve.cache_clear()
     load.cache_clear()
     compiler_accepts.cache_clear()
+
+
+def q6k_form() -> str:
+    """The form a Q6_K tensor loads in for the variant that runs: ``q6kp`` (codes in 6
+    bits) where the 512-bit loop unpacks them for less than the memory they save, else
+    ``q6k`` (a byte a code: the 256-bit loops run it faster, docs/kernels.md). Every
+    variant runs both forms, with the same bits."""
+    name = variant()
+    return "q6k" if name is None else BY_NAME[name].q6k_form
 
 
 def max_rows() -> int:

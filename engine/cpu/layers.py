@@ -364,6 +364,60 @@ class Q6KLinear(NativeLinear):
         return Q6Blocks(kernel_order(self.q), self.sc, self.d).dequantize()
 
 
+Q6P_ORDER = (0, 2, 1, 3, 4, 6, 5, 7)  # the kernel-order vector in each 32 bytes of a packed block
+
+
+def pack_q6(q: torch.Tensor) -> torch.Tensor:
+    """Q6_K codes ``[N, K]`` (-32..31, kernel order) -> the q6kp layout ``[N, K * 3 / 4]``
+    (uint8): per super-block ``u = code + 32`` with its vectors in :data:`Q6P_ORDER`,
+    128 bytes of low nibbles (byte j: ``u[j]`` low, ``u[j + 128]`` high) and 64 of top bit
+    pairs (byte j: those of ``u[j]``, ``u[j + 64]``, ``u[j + 128]``, ``u[j + 192]``)."""
+    blocks = q.unflatten(-1, (-1, 8, GROUP))[..., Q6P_ORDER, :].flatten(-2)  # [N, S, 256]
+    u = (blocks.to(torch.int16) + 32).to(torch.uint8)
+    low = (u[..., :128] & 0x0F) | ((u[..., 128:] & 0x0F) << 4)  # [N, S, 128]
+    top = u >> 4  # [N, S, 256], 0..3
+    high = (top[..., :64] | (top[..., 64:128] << 2) | (top[..., 128:192] << 4)
+            | (top[..., 192:] << 6))  # [N, S, 64]
+    return torch.cat([low, high], dim=-1).flatten(1)
+
+
+def unpack_q6(packed: torch.Tensor) -> torch.Tensor:
+    """The q6kp layout ``[N, K * 3 / 4]`` -> codes ``[N, K]`` (int8, kernel order)."""
+    blocks = packed.unflatten(-1, (-1, 192))  # [N, S, 192]
+    low, high = blocks[..., :128], blocks[..., 128:]
+    nibbles = torch.cat([low & 0x0F, low >> 4], dim=-1)  # [N, S, 256]
+    tops = torch.cat([(high >> s) & 0x03 for s in (0, 2, 4, 6)], dim=-1)  # [N, S, 256]
+    u = (nibbles | (tops << 4)).to(torch.int8) - 32  # Q6P_ORDER
+    inverse = [Q6P_ORDER.index(v) for v in range(8)]
+    return u.unflatten(-1, (8, GROUP))[..., inverse, :].flatten(1)
+
+
+class Q6KPLinear(NativeLinear):
+    """A Q6_K tensor in its own integer form with its codes in 6 bits: the weights and the
+    outputs of :class:`Q6KLinear`, bit for bit, from a quarter fewer bytes of codes."""
+
+    FORMAT = "q6kp"
+    BUFFERS = ("q", "sc", "d")
+    q: torch.Tensor  # [N, K * 3 / 4] uint8 (pack_q6)
+    sc: torch.Tensor  # [N, K / 16] int8
+    d: torch.Tensor  # [N, K / 256] float32
+    bias: torch.Tensor | None  # [N] float32
+
+    def __init__(self, q: torch.Tensor, sc: torch.Tensor, d: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self._hold((q.shape[0], q.shape[1] * 4 // 3), q=q, sc=sc, d=d, bias=bias)
+
+    @classmethod
+    def from_blocks(cls, b: Q6Blocks, bias: torch.Tensor | None = None) -> "Q6KPLinear":
+        return cls(pack_q6(kernel_order(b.q)).contiguous(), b.sc.contiguous(),
+                   b.d.float().contiguous(), _float_bias(bias))
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weight ``[N, K]``, computed as gguf-py does (for tests)."""
+        return Q6Blocks(kernel_order(unpack_q6(self.q)), self.sc, self.d).dequantize()
+
+
 class Q8Linear(NativeLinear):
     """Per-output-channel int8 codes with a float32 scale, on our kernel."""
 
@@ -385,7 +439,8 @@ class Q8Linear(NativeLinear):
 
 
 BY_FORMAT: dict[str, type[QuantizedLinear]] = {
-    cls.FORMAT: cls for cls in (Int4Linear, Int8Linear, Q4Linear, Q4KLinear, Q6KLinear, Q8Linear)
+    cls.FORMAT: cls for cls in (Int4Linear, Int8Linear, Q4Linear, Q4KLinear, Q6KLinear,
+                                Q6KPLinear, Q8Linear)
 }  # the quantized layer class of each format (engine.cpu.formats)
 
 
@@ -417,7 +472,7 @@ def as_int4(layer: Any) -> Any:
         return layer
     if isinstance(layer, nn.Linear) and layer.weight.dtype == torch.float32:
         weight = layer.weight.detach()
-    elif isinstance(layer, (Q4KLinear, Q6KLinear)):
+    elif isinstance(layer, (Q4KLinear, Q6KLinear, Q6KPLinear)):
         weight = layer.dequantized()  # [N, K]
     else:
         return layer

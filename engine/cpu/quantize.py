@@ -19,8 +19,9 @@ to the mode, and the same converted model then serves plain decoding and verific
 Where our kernels run (:mod:`engine.cpu.kernels`: AVX2 and a compiler), the int4 modes use
 :class:`Q4Linear` (:class:`Q4KLinear` for Q4_K tensors: their exact integer form) and
 :class:`Q8Linear` in place of :class:`Int4Linear` and :class:`Int8Linear`, and Q6_K
-tensors run exactly as :class:`Q6KLinear`: integer-dot kernels, faster than torch's,
-equally row-invariant. With
+tensors run exactly as :class:`Q6KLinear` (:class:`Q6KPLinear`, the same weights with
+6-bit codes, where the running kernel variant prefers it: :func:`kernels.q6k_form`):
+integer-dot kernels, faster than torch's, equally row-invariant. With
 ``requantize`` (draft models only: a draft's numerics move its acceptance, never the
 output) the tensors with no int4 form are rounded to 4 bits too
 (:meth:`Q4Linear.from_dense`), so a draft reads fewer bytes per step. Our kernels'
@@ -56,6 +57,7 @@ from engine.cpu.layers import (
     Q4KLinear,
     Q4Linear,
     Q6KLinear,
+    Q6KPLinear,
     Q8Linear,
     QuantizedLinear,
     native_fits,
@@ -120,8 +122,10 @@ def _replacement(
     report: AccelerationReport,
     native: bool,
     requantize: bool = False,
+    q6k_form: str = "q6k",
 ) -> nn.Module:
-    """The layer that replaces ``linear`` in ``mode`` (recording fallbacks)."""
+    """The layer that replaces ``linear`` in ``mode`` (recording fallbacks); Q6_K tensors
+    on our kernels take the form ``q6k_form`` (``q6k`` or ``q6kp``)."""
     ours = native and linear.in_features % kernels.GROUP == 0
     g = weights.int4(name) if weights is not None and name in weights.tensors else None
     if g is not None and g.shape == tuple(linear.weight.shape):
@@ -136,7 +140,8 @@ def _replacement(
     if blocks is not None and blocks.shape == tuple(linear.weight.shape) \
             and linear.in_features % Q4K_INPUTS == 0 and not requantize:
         if _matches(blocks, linear.weight):
-            return Q6KLinear.from_blocks(blocks, linear.bias)
+            return (Q6KPLinear if q6k_form == "q6kp" else Q6KLinear).from_blocks(blocks,
+                                                                                 linear.bias)
         log.warning("%s: GGUF Q6_K codes do not match the loaded weight; kept dense", name)
         report.fallbacks.append(name)
     if mode == "int4+int8" and ours and requantize:
@@ -157,11 +162,15 @@ def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
 
 
 def cache_path(cache_dir: Path, mode: str, weight_dtype: torch.dtype, native: bool = False,
-               requantize: bool = False) -> Path:
-    """Where the converted layers of ``mode`` are cached (one file per build)."""
+               requantize: bool = False, q6k_form: str | None = None) -> Path:
+    """Where the converted layers of ``mode`` are cached (one file per build, and per form
+    of the Q6_K tensors on our kernels: by default the running variant's,
+    :func:`kernels.q6k_form`)."""
     capability = torch.backends.cpu.get_cpu_capability().lower()
     dtype = str(weight_dtype).removeprefix("torch.")
     kind = ("-native" if native else "") + ("-requantized" if native and requantize else "")
+    form = (q6k_form or kernels.q6k_form()) if native and not requantize else "q6k"
+    kind += f"-{form}" if form != "q6k" else ""
     tag = f"{mode.replace('+', '-')}{kind}-{dtype}-torch{torch.__version__}-{capability}"
     return Path(cache_dir) / f"accelerated-{tag}-v{CACHE_FORMAT}.safetensors"
 
@@ -249,8 +258,9 @@ def _convert(
     dtype = next(iter(linears.values())).weight.dtype if linears else torch.float32
     use_cache = cache_dir is not None and quantized and gguf_path is not None
     path = None
+    q6k_form = kernels.q6k_form() if native else "q6k"
     if use_cache and cache_dir:
-        path = cache_path(cache_dir, mode, dtype, native, requantize)
+        path = cache_path(cache_dir, mode, dtype, native, requantize, q6k_form)
     source = _source_tag(gguf_path) if use_cache and gguf_path else ""
     cached = _load_cache(path, linears, source) if path and path.is_file() else None
     if cached is not None:
@@ -258,7 +268,8 @@ def _convert(
         return {n: cached[n] if n in cached else FastLinear(m) for n, m in linears.items()}
     weights = GGUFWeights(gguf_path) if quantized and gguf_path is not None else None
     layers = {
-        n: _replacement(n, m, mode, weights, report, native, requantize) for n, m in linears.items()
+        n: _replacement(n, m, mode, weights, report, native, requantize, q6k_form)
+        for n, m in linears.items()
     }
     if path is not None:
         _save_cache(path, layers, source)

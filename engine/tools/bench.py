@@ -429,7 +429,8 @@ def variants_markdown(throughput: dict[str, dict[int, float]],
     for model, by_variant in costs.items():
         ks = list(next(iter(by_variant.values()))["t"])
         peer = by_variant.get(LLAMA_CPP)  # prompt rate against llama.cpp's, where it ran
-        lines += ["", f"{model}: t(k)/t(1) and prompt reading:", "",
+        lines += ["", f"{model}: t(k)/t(1) and prompt reading (every variant on the weight "
+                  "forms loaded for the one running):", "",
                   "| variant | t(1) ms | " + " | ".join(f"t({k})/t(1)" for k in ks[1:])
                   + " | prompt ms/token | prompt rate × llama.cpp |",
                   "| --- |" + " ---: |" * (len(ks) + 2)]

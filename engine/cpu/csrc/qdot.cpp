@@ -32,10 +32,11 @@
 //       per 256 inputs float32 d and dmin, per 32 a 6-bit scale sc and min mn (uint8
 //       each): w = d*sc*code - dmin*mn. Its activations are rounded per 256 inputs
 //       instead (as llama.cpp's Q8_K) and stored in the same kernel order.
-//   q6k: Q6_K's own form, its codes as int8 (-32..31, one byte each: unpacking 6-bit
-//       codes costs more here than the bytes it saves) in kernel order, an int8 scale
-//       per 16 inputs and float32 d per 256: w = d * sc * code. Activations rounded per
-//       256 inputs.
+//   q6k: Q6_K's own form, its codes as int8 (-32..31, one byte each: the 256-bit loops
+//       run it faster than 6-bit codes) in kernel order, an int8 scale per 16 inputs and
+//       float32 d per 256: w = d * sc * code. Activations rounded per 256 inputs.
+//   q6kp: the same weights with the codes in 6 bits (see Q6KPWeights): the AVX-512 loop
+//       unpacks them for less than the memory they save; every build returns q6k's bits.
 //   q8: int8 codes per output row with one float scale: w = code * scale.
 // Threads: OpenMP over output features (the process's one OpenMP runtime, torch's), in
 // tiles of 16 (each tile's rows all in one call: the amx tiles' unit).
@@ -511,6 +512,8 @@ struct QuantRows256 {
     float *gscale;  // [M, K / 32], dx of each 32-group's super-block (AVX-512 only)
     int8_t *flipped;  // [M, K], codes ^ 0x80 (codes + 128 as unsigned; AVX-512 only)
     int8_t *natural;  // the codes in input order, laid out for the tiles (tile_rows; amx only)
+    int8_t *slotted;  // [M, K], the codes in slot order (AVX-512, for q6kp calls only)
+    int32_t *low32;   // [M, K / 8], -32 * each lane's 8 codes (q6kp_one_512; the same calls)
 };
 
 // Where kernel-order vector v (0..7) of a super-block's activations sits. The AVX-512
@@ -540,7 +543,8 @@ inline int64_t tile_rows(int m, int sb, int g, int K) {
 }
 #endif
 
-void quantize_rows_256(const float *x, int M, int K, QuantRows256 q) {
+// (packed6: fill slotted and low32 too, for the q6kp loop of AVX-512.)
+void quantize_rows_256(const float *x, int M, int K, QuantRows256 q, bool packed6) {
     const int S = K / SUPER;
 #pragma omp parallel for schedule(static) if (M * S >= 32)
     for (int ms = 0; ms < M * S; ++ms) {
@@ -575,6 +579,19 @@ void quantize_rows_256(const float *x, int M, int K, QuantRows256 q) {
         for (int i = 0; i < SUPER; i += 64)
             _mm512_storeu_si512((void *)(q.flipped + (int64_t)ms * SUPER + i),
                                 _mm512_xor_si512(_mm512_load_si512((const void *)(dst + i)), flip));
+        if (packed6) {  // q6kp_one_512's signed codes, and its lanes' -32 * sum x
+            memcpy(q.slotted + (int64_t)ms * SUPER, dst, SUPER);
+            const __m512i ones = _mm512_set1_epi8(1);
+            for (int half = 0; half < 2; ++half) {
+                const __m512i sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(
+                    _mm512_setzero_si512(), ones, _mm512_load_si512((const void *)(dst + 128 * half))),
+                    ones, _mm512_load_si512((const void *)(dst + 128 * half + 64)));
+                _mm512_storeu_si512((void *)(q.low32 + ((int64_t)ms * 2 + half) * 16),
+                                    _mm512_mullo_epi32(sum, _mm512_set1_epi32(-32)));
+            }
+        }
+#else
+        (void)packed6;
 #endif
     }
 }
@@ -908,13 +925,13 @@ inline __m256i half_scales(__m128i sc16, int half) {
 
 // Output feature n of a few rows (M <= FEW).
 template <int M>
-inline void q6k_few(const QuantRows256 xq, int K, const Q6KWeights w, const float *bias,
-                    float *y, int N, int n) {
+inline void q6k_few(const QuantRows256 xq, int K, const Q6KWeights w, const int8_t *row,
+                    const float *bias, float *y, int N, int n) {
     const int S = K / SUPER, G = K / GROUP;
     Sums<M> acc;
     for (int sb = 0; sb < S; ++sb) {
         const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
-        const int8_t *codes = w.q + g0 * GROUP;
+        const int8_t *codes = row + sb * SUPER;
         prefetch((const char *)codes + Q6_AHEAD, SUPER);
         prefetch((const char *)(w.sc + 2 * g0) + Q6_AHEAD / 16, 1);
         const __m128i sc16 = _mm_loadu_si128((const __m128i *)(w.sc + 2 * g0));
@@ -950,13 +967,13 @@ inline void q6k_few(const QuantRows256 xq, int K, const Q6KWeights w, const floa
 // int32 (group g in lane g); the running sums live in a small array. The same integers
 // and float steps as q6k_few: the same bits.
 template <int M>
-inline void q6k_many(const QuantRows256 xq, int K, const Q6KWeights w, const float *bias,
-                     float *y, int N, int n) {
+inline void q6k_many(const QuantRows256 xq, int K, const Q6KWeights w, const int8_t *row,
+                     const float *bias, float *y, int N, int n) {
     const int S = K / SUPER, G = K / GROUP;
     Sums<M> acc;
     for (int sb = 0; sb < S; ++sb) {
         const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
-        const int8_t *codes = w.q + g0 * GROUP;
+        const int8_t *codes = row + sb * SUPER;
         prefetch((const char *)codes + Q6_AHEAD, SUPER);
         prefetch((const char *)(w.sc + 2 * g0) + Q6_AHEAD / 16, 1);
         const __m128i sc16 = _mm_loadu_si128((const __m128i *)(w.sc + 2 * g0));
@@ -999,15 +1016,15 @@ inline __m256i half_scales32(__m128i sc16, int half) {
 // sums land in the int32 lanes (lane g: group g) and take their scales as int32: the
 // same exact integers as the AVX2 loop, so the same bits.
 template <int M>
-inline void q6k_one_vnni(const QuantRows256 xq, int K, const Q6KWeights w, const float *bias,
-                         float *y, int N, int n) {
+inline void q6k_one_vnni(const QuantRows256 xq, int K, const Q6KWeights w, const int8_t *row,
+                         const float *bias, float *y, int N, int n) {
     const int S = K / SUPER, G = K / GROUP;
     const __m256i flip = _mm256_set1_epi8((char)0x80);
     __m256 acc[M];
     for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
     for (int sb = 0; sb < S; ++sb) {
         const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
-        const int8_t *codes = w.q + g0 * GROUP;
+        const int8_t *codes = row + sb * SUPER;
         prefetch((const char *)codes + Q6_AHEAD, SUPER);
         prefetch((const char *)(w.sc + 2 * g0) + Q6_AHEAD / 16, 1);
         const __m128i sc16 = _mm_loadu_si128((const __m128i *)(w.sc + 2 * g0));
@@ -1308,23 +1325,166 @@ QuantRows rows_from(const QuantRows &q, int m0, int K) {
 QuantRows256 rows_from(const QuantRows256 &q, int m0, int K) {
     return {q.codes + m0 * (int64_t)K, q.scale + m0 * (int64_t)(K / SUPER),
             q.bsum + m0 * (int64_t)(K / GROUP), q.gscale + m0 * (int64_t)(K / GROUP),
-            q.flipped + m0 * (int64_t)K, nullptr};  // the tiles take all rows at once
+            q.flipped + m0 * (int64_t)K, nullptr,  // the tiles take all rows at once
+            q.slotted ? q.slotted + m0 * (int64_t)K : nullptr,
+            q.low32 ? q.low32 + m0 * (int64_t)(K / 8) : nullptr};
+}
+
+// Output feature n of rows whose codes (kernel order) start at row, as the 256-bit builds
+// compute it (q6k_one_vnni with VNNI, else q6k_few or q6k_many: see q4k_many).
+template <int M>
+inline void q6k_one_256(const QuantRows256 xq, int K, const Q6KWeights w, const int8_t *row,
+                        const float *bias, float *y, int N, int n) {
+#if ANVE_VNNI
+    q6k_one_vnni<M>(xq, K, w, row, bias, y, N, n);
+#else
+    if constexpr (M <= FEW) q6k_few<M>(xq, K, w, row, bias, y, N, n);
+    else q6k_many<M>(xq, K, w, row, bias, y, N, n);
+#endif
 }
 
 template <int M>
 void q6k_rows(const QuantRows256 xq, int K, const Q6KWeights w, const float *bias, float *y,
               int N, int n0, int n1) {
+    for (int n = n0; n < n1; ++n) {
 #if ANVE_AVX512
-    for (int n = n0; n < n1; ++n) q6k_one_512<M>(xq, K, w, bias, y, N, n);
-    return;
-#elif ANVE_VNNI
-    for (int n = n0; n < n1; ++n) q6k_one_vnni<M>(xq, K, w, bias, y, N, n);
-    return;
+        q6k_one_512<M>(xq, K, w, bias, y, N, n);
+#else
+        q6k_one_256<M>(xq, K, w, w.q + (int64_t)n * K, bias, y, N, n);
 #endif
-    for (int n = n0; n < n1; ++n) {  // (q6k_few for few rows: see q4k_many)
-        if constexpr (M <= FEW) q6k_few<M>(xq, K, w, bias, y, N, n);
-        else q6k_many<M>(xq, K, w, bias, y, N, n);
     }
+}
+
+// --- q6kp: Q6_K's codes in their 6 bits ------------------------------------------------
+//
+// The same weights as q6k with each code in 6 bits instead of a byte: 192 bytes of codes
+// per super-block against 256, a quarter less to read where one row's pass is bound by
+// memory. Per super-block, u = code + 32 (0..63) of its 256 codes in Q6P_ORDER (kernel
+// order vectors 0, 2, 1, 3, 4, 6, 5, 7: the order the AVX-512 loop pairs them in):
+// byte j < 128 holds u[j] & 15 in its low nibble and u[j + 128] & 15 in its high one;
+// byte 128 + j (j < 64) holds the top two bits of u[j], u[j + 64], u[j + 128] and
+// u[j + 192] in its bit pairs 0-1, 2-3, 4-5 and 6-7. Every build computes exactly q6k's
+// integers and float steps from them: the same bits as q6k.
+struct Q6KPWeights {
+    const uint8_t *q;  // [N, K * 3 / 4], per super-block Q6P_BYTES as above
+    const int8_t *sc;  // [N, K / 16]
+    const float *d;    // [N, K / 256]
+};
+
+constexpr int Q6P_BYTES = SUPER * 3 / 4;
+constexpr int Q6P_AHEAD = 8 * Q6P_BYTES;  // bytes of codes the loops prefetch: 8 super-blocks
+constexpr int Q6P_ORDER[8] = {0, 2, 1, 3, 4, 6, 5, 7};  // kernel vector of each 32 bytes of u
+
+// The 256 codes (-32..31, kernel order, as q6k holds them) of the packed super-block p.
+inline void unpack_q6p(const uint8_t *p, int8_t *out) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
+    const __m256i off = _mm256_set1_epi8(32);
+    for (int c = 0; c < 2; ++c) {  // u's 32-byte pieces c, 2 + c, 4 + c, 6 + c
+        const __m256i la = _mm256_loadu_si256((const __m256i *)(p + GROUP * c));
+        const __m256i lb = _mm256_loadu_si256((const __m256i *)(p + 64 + GROUP * c));
+        const __m256i h = _mm256_loadu_si256((const __m256i *)(p + 128 + GROUP * c));
+        const __m256i u[4] = {
+            _mm256_or_si256(_mm256_and_si256(la, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), top2)),
+            _mm256_or_si256(_mm256_and_si256(lb, low4), _mm256_and_si256(_mm256_slli_epi16(h, 2), top2)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), low4), _mm256_and_si256(h, top2)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), low4),
+                            _mm256_and_si256(_mm256_srli_epi16(h, 2), top2))};
+        for (int i = 0; i < 4; ++i)
+            _mm256_storeu_si256((__m256i *)(out + Q6P_ORDER[2 * i + c] * GROUP), _mm256_sub_epi8(u[i], off));
+    }
+}
+
+#if ANVE_AVX512
+// q6kp on 512-bit vectors: a super-block's u unpacked into the four vectors q6k_one_512
+// pairs its codes in, unsigned (0..63), against the signed activations in slot order;
+// each row's lanes start from -32 times the sum of their activations (low32), so a half's
+// two vpdpbusd leave sum x * (u - 32), q6k_one_512's very integers, with no work on the
+// weights' own sum; its float steps follow unchanged.
+#ifndef Q6P_LOW_ROWS
+#define Q6P_LOW_ROWS 4
+#endif
+template <int M>
+inline void q6kp_one_512(const QuantRows256 xq, int K, const Q6KPWeights w, const float *bias,
+                         float *y, int N, int n) {
+    const int S = K / SUPER;
+    const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
+    __m512 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+    for (int sb = 0; sb < S; ++sb) {
+        const int64_t at = (int64_t)n * S + sb;
+        const uint8_t *p = w.q + at * Q6P_BYTES;
+        prefetch((const char *)p + Q6P_AHEAD, Q6P_BYTES);
+        prefetch((const char *)(w.sc + 16 * at) + Q6P_AHEAD / 12, 1);
+        const __m128i sc16 = _mm_loadu_si128((const __m128i *)(w.sc + 16 * at));
+        const __m512i l0 = _mm512_loadu_si512((const void *)p);
+        const __m512i l1 = _mm512_loadu_si512((const void *)(p + 64));
+        const __m512i h = _mm512_loadu_si512((const void *)(p + 128));
+        // (a & low4) | b, b already masked: ternary logic 0xEC on (a, b, low4)
+        const __m512i u[4] = {
+            _mm512_ternarylogic_epi32(l0, _mm512_and_si512(_mm512_slli_epi16(h, 4), top2), low4, 0xEC),
+            _mm512_ternarylogic_epi32(l1, _mm512_and_si512(_mm512_slli_epi16(h, 2), top2), low4, 0xEC),
+            _mm512_ternarylogic_epi32(_mm512_srli_epi16(l0, 4), _mm512_and_si512(h, top2), low4, 0xEC),
+            _mm512_ternarylogic_epi32(_mm512_srli_epi16(l1, 4),
+                                      _mm512_and_si512(_mm512_srli_epi16(h, 2), top2), low4, 0xEC)};
+        __m512 scale[2];
+        for (int half = 0; half < 2; ++half)
+            scale[half] = _mm512_cvtepi32_ps(_mm512_broadcast_i64x4(half_scales32(sc16, half)));
+        __m512i wq[4], minus[2];  // (many rows) q6k_one_512's signed codes and -128 * sum w
+        if constexpr (M > Q6P_LOW_ROWS) {
+            const __m512i off = _mm512_set1_epi8(32), flip = _mm512_set1_epi8((char)0x80);
+            for (int i = 0; i < 4; ++i) wq[i] = _mm512_sub_epi8(u[i], off);
+            for (int half = 0; half < 2; ++half)
+                minus[half] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(
+                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, wq[2 * half]), flip,
+                    wq[2 * half + 1]));
+        }
+        const float d = w.d[at];
+        for (int m = 0; m < M; ++m) {
+            __m512i dots[2];
+            if constexpr (M > Q6P_LOW_ROWS) {
+                const int8_t *x = xq.flipped + m * (int64_t)K + sb * SUPER;
+                for (int half = 0; half < 2; ++half) {
+                    dots[half] = _mm512_dpbusd_epi32(minus[half],
+                        _mm512_loadu_si512((const void *)(x + 128 * half)), wq[2 * half]);
+                    dots[half] = _mm512_dpbusd_epi32(dots[half],
+                        _mm512_loadu_si512((const void *)(x + 128 * half + 64)), wq[2 * half + 1]);
+                }
+            } else {
+                const int8_t *x = xq.slotted + m * (int64_t)K + sb * SUPER;
+                const int32_t *low = xq.low32 + ((int64_t)m * S + sb) * 32;
+                for (int half = 0; half < 2; ++half) {
+                    dots[half] = _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(low + 16 * half)),
+                        u[2 * half], _mm512_loadu_si512((const void *)(x + 128 * half)));
+                    dots[half] = _mm512_dpbusd_epi32(dots[half], u[2 * half + 1],
+                        _mm512_loadu_si512((const void *)(x + 128 * half + 64)));
+                }
+            }
+            const __m512 both = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[1]), scale[1], _mm512_mul_ps(
+                _mm512_cvtepi32_ps(dots[0]), scale[0]));
+            acc[m] = _mm512_fmadd_ps(both, _mm512_set1_ps(d * xq.scale[(int64_t)m * S + sb]), acc[m]);
+        }
+    }
+    const float b = bias ? bias[n] : 0.0f;
+    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = _mm512_reduce_add_ps(acc[m]) + b;
+}
+#endif
+
+template <int M>
+void q6kp_rows(const QuantRows256 xq, int K, const Q6KPWeights w, const float *bias, float *y,
+               int N, int n0, int n1) {
+#if ANVE_AVX512
+    for (int n = n0; n < n1; ++n) q6kp_one_512<M>(xq, K, w, bias, y, N, n);
+#else
+    // the 256-bit builds unpack a feature's codes into q6k's form and run q6k's loop
+    thread_local std::vector<int8_t> row;
+    row.resize((size_t)K);
+    const Q6KWeights as_q6k = {row.data(), w.sc, w.d};
+    for (int n = n0; n < n1; ++n) {
+        for (int sb = 0; sb < K / SUPER; ++sb)
+            unpack_q6p(w.q + ((int64_t)n * (K / SUPER) + sb) * Q6P_BYTES, row.data() + sb * SUPER);
+        q6k_one_256<M>(xq, K, as_q6k, row.data(), bias, y, N, n);
+    }
+#endif
 }
 
 #if ANVE_AVX512
@@ -1638,11 +1798,14 @@ struct Scratch {
         codes_bytes = ((int64_t)M * K + 63) / 64 * 64;
         float_bytes = (3 * (int64_t)M * (K / GROUP) * 4 + 63) / 64 * 64;
         tile_bytes = padded * K;
-        const int64_t bytes = codes_bytes * (ANVE_AVX512 ? 2 : 1) + float_bytes + tile_bytes;
+        const int64_t bytes = codes_bytes * (ANVE_AVX512 ? 2 : 1) + float_bytes + tile_bytes
+                              + (ANVE_AVX512 ? packed6_bytes() : 0);
         block = (char *)aligned_alloc(64, (size_t)(bytes > 64 ? bytes : 64));
         if (padded > M)  // rows past M of the tiles' codes: zero
             memset(block + 2 * codes_bytes + float_bytes, 0, (size_t)tile_bytes);
     }
+    // q6kp_one_512's slotted codes and low32 sums (AVX-512), after everything else
+    int64_t packed6_bytes() const { return codes_bytes + codes_bytes / 2; }
     ~Scratch() { free(block); }
     QuantRows rows(int M, int K) const {
         float *scale = (float *)(block + codes_bytes);
@@ -1651,9 +1814,12 @@ struct Scratch {
     }
     QuantRows256 rows256(int M, int K) const {
         float *scale = (float *)(block + codes_bytes), *bsum = scale + (int64_t)M * (K / SUPER);
+        char *packed6 = block + 2 * codes_bytes + float_bytes + tile_bytes;
         return {(int8_t *)block, scale, bsum, bsum + (int64_t)M * (K / GROUP),
                 (int8_t *)(block + codes_bytes + float_bytes),
-                tile_bytes ? (int8_t *)(block + 2 * codes_bytes + float_bytes) : nullptr};
+                tile_bytes ? (int8_t *)(block + 2 * codes_bytes + float_bytes) : nullptr,
+                ANVE_AVX512 ? (int8_t *)packed6 : nullptr,
+                ANVE_AVX512 ? (int32_t *)(packed6 + codes_bytes) : nullptr};
     }
 };
 
@@ -1673,7 +1839,7 @@ inline void with_rows(int mm, F &&f) {
 
 extern "C" {
 
-int anve_qdot_version(void) { return 16; }
+int anve_qdot_version(void) { return 17; }
 
 // Whether this copy can run here: the amx build needs the OS's leave to use tile data
 // (asked for when the library loads); the others always can.
@@ -1695,11 +1861,11 @@ int anve_qdot_max_rows(void) { return MAX_M; }
 // forms above), optional bias [N] and output y [M, N].
 // The format ids come from engine/cpu/formats.py (kernels.py passes -DANVE_FORM_<NAME>).
 #if !defined(ANVE_FORM_Q4) || !defined(ANVE_FORM_Q8) || !defined(ANVE_FORM_Q4K) || \
-    !defined(ANVE_FORM_Q6K)
+    !defined(ANVE_FORM_Q6K) || !defined(ANVE_FORM_Q6KP)
 #error "build with the format ids of engine/cpu/formats.py (-DANVE_FORM_Q4=... and so on)"
 #endif
 enum Form { FORM_Q4 = ANVE_FORM_Q4, FORM_Q8 = ANVE_FORM_Q8, FORM_Q4K = ANVE_FORM_Q4K,
-            FORM_Q6K = ANVE_FORM_Q6K };
+            FORM_Q6K = ANVE_FORM_Q6K, FORM_Q6KP = ANVE_FORM_Q6KP };
 struct Part {
     int form;
     int n;
@@ -1737,11 +1903,16 @@ void part_tile(const Part &p, int M, int K, const QuantRows &r32, const QuantRow
                                   (const uint8_t *)p.w[2], (const float *)p.w[3],
                                   (const float *)p.w[4]};
             DISPATCH(q4k_rows, xq, K, w, p.bias, out, N, n0, n1)
-        } else {
+        } else if (p.form == FORM_Q6K) {
             const QuantRows256 xq = rows_from(r256, m0, K);
             const Q6KWeights w = {(const int8_t *)p.w[0], (const int8_t *)p.w[1],
                                   (const float *)p.w[2]};
             DISPATCH(q6k_rows, xq, K, w, p.bias, out, N, n0, n1)
+        } else {
+            const QuantRows256 xq = rows_from(r256, m0, K);
+            const Q6KPWeights w = {(const uint8_t *)p.w[0], (const int8_t *)p.w[1],
+                                   (const float *)p.w[2]};
+            DISPATCH(q6kp_rows, xq, K, w, p.bias, out, N, n0, n1)
         }
         m0 += mm;
     }
@@ -1757,19 +1928,21 @@ constexpr int TILE = 16;  // output features per scheduled chunk
 inline int tiles_of(const Part &p) { return (p.n + TILE - 1) / TILE; }
 
 void anve_linear_parts(const float *x, int M, int K, int n_parts, const Part *parts) {
-    bool per32 = false, per256 = false;
+    bool per32 = false, per256 = false, packed6 = false;
     int tiles = 0;
     for (int i = 0; i < n_parts; ++i) {
-        const bool coarse = parts[i].form == FORM_Q4K || parts[i].form == FORM_Q6K;
+        const int form = parts[i].form;
+        const bool coarse = form == FORM_Q4K || form == FORM_Q6K || form == FORM_Q6KP;
         per256 |= coarse;
         per32 |= !coarse;
+        packed6 |= form == FORM_Q6KP;
         tiles += tiles_of(parts[i]);
     }
     Scratch s32(per32 ? M : 0, K), s256(per256 ? M : 0, K);
     const QuantRows r32 = s32.rows(M, K);
     const QuantRows256 r256 = s256.rows256(M, K);
     if (per32) quantize_rows(x, M, K, r32);
-    if (per256) quantize_rows_256(x, M, K, r256);
+    if (per256) quantize_rows_256(x, M, K, r256, packed6);
 #if ANVE_AMX
     bool on_tiles = false;  // some part takes its sums from tiles (see part_tile)
     for (int i = 0; i < n_parts; ++i) on_tiles |= parts[i].form == FORM_Q4K && M >= AMX_FROM;
