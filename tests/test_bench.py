@@ -14,6 +14,7 @@ from engine.heads.files import HeadInfo, save_head
 from engine.heads.model import EagleHead, HeadConfig
 from engine.spec.calibration import Seen
 from engine.spec.drafters.eagle import eagle_for
+from engine.spec.runner import ModelRunner
 from engine.spec.session import ChatEngine
 from engine.tools import bench
 from engine.tools.bench import KINDS, PROMPTS, Row, Run
@@ -311,9 +312,28 @@ def test_the_kernel_variants_a_b_reports_every_variant_and_row_count() -> None:
     assert set(rates) == set(names) and all(set(by) == {1, 3} for by in rates.values())
     assert all(r > 0 for by in rates.values() for r in by.values())
     assert kernels.variant() == names[-1]  # the forced variants are undone
-    costs = {"m": {v: {"t": {1: 0.01, 2: 0.012}, "prompt_ms_per_token": 3.0} for v in names}}
+    costs: dict[str, dict[str, dict[str, Any]]] = {
+        "m": {v: {"t": {1: 0.01, 2: 0.012}, "prompt_ms_per_token": 3.0} for v in names}}
     text = bench.variants_markdown(rates, costs)
-    assert all(f"| {v} |" in text for v in names) and "| 1.20 | 3.00 |" in text
+    assert all(f"| {v} |" in text for v in names) and "| 1.20 | – | 3.00 | – |" in text
+    costs["m"][bench.LLAMA_CPP] = {"t": {1: 0.0105}, "prompt_ms_per_token": 4.5}
+    text = bench.variants_markdown(rates, costs)  # its decoding and reading beside ours
+    assert "| 1.20 | 1.05 | 3.00 | 1.50 |" in text and "| llama.cpp | 10.5 | – | 1.00 |" in text
+
+
+def test_the_peer_decodes_one_token_after_each_of_its_reads_and_is_reported() -> None:
+    names = kernels.buildable()
+    if not names:
+        pytest.skip("native kernels need AVX2, FMA, F16C and a C++ compiler")
+    calls: list[tuple[str, int]] = []
+    peer = bench.Peer(read=lambda ids: calls.append(("read", len(ids))),
+                      step=lambda token: calls.append(("step", token)))
+    loaded = tiny_loaded("tiny-a", seed=1, scale=8.0, layers=2)
+    costs = bench.variant_costs(ModelRunner(loaded.model), names[-1:], ks=(1, 2), prompt=8,
+                                reps=3, peer=peer)
+    assert [c[0] for c in calls] == ["read", "step"] * 4 and calls[0] == ("read", 8)
+    assert set(costs[bench.LLAMA_CPP]["t"]) == {1} and costs[bench.LLAMA_CPP]["t"][1] >= 0
+    assert set(costs[names[-1]]["t"]) == {1, 2}
 
 
 def test_head_rows_draft_with_the_other_head_and_give_the_engines_back(tmp_path: Path) -> None:

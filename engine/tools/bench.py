@@ -359,25 +359,40 @@ def kernel_throughput(variants: Sequence[str], rows: Sequence[int] = (1, 2, 4, 8
             for name, by_rows in times.items()}
 
 
+@dataclass
+class Peer:
+    """Another engine timed beside ours on the same ids: ``read(ids)`` reads a prompt into
+    an empty cache; ``step(token)`` then decodes one more token after it (its logits
+    computed) and takes it back out of the cache."""
+
+    read: Callable[[list[int]], None]
+    step: Callable[[int], None]
+
+
 def variant_costs(runner: ModelRunner, variants: Sequence[str],
                   ks: tuple[int, ...] = (1, 2, 4, 8), prompt: int = 128, reps: int = 5,
-                  peer: Callable[[list[int]], None] | None = None
-                  ) -> dict[str, dict[str, Any]]:
+                  peer: Peer | None = None) -> dict[str, dict[str, Any]]:
     """Per variant: ``t`` the median seconds of a forward over k new tokens with all k
     rows' logits (as :func:`forward_costs`) and ``prompt_ms_per_token`` the median time
     of reading a ``prompt``-token prompt from an empty cache, per token; variants take
-    turns within each repetition (after a warm-up round). ``peer`` (e.g. llama.cpp
-    reading the same ids) takes its turn too, reported as ``LLAMA_CPP`` with no ``t``."""
+    turns within each repetition (after a warm-up round). ``peer`` (e.g. llama.cpp on
+    the same ids) takes its turn too, reported as ``LLAMA_CPP``: its prompt reading and
+    its ``t`` of one decoded token (the median of one step after each of its reads)."""
     vocab = int(runner.model.config.vocab_size)
     context = [(100 + i) % vocab for i in range(prompt)]
     steps: dict[str, dict[int, list[float]]] = {v: {k: [] for k in ks} for v in variants}
     reads: dict[str, list[float]] = {v: [] for v in (*variants, LLAMA_CPP)}
+    peer_steps: list[float] = []
     for rep in range(reps + 1):
         if peer is not None:
             start = time.perf_counter()
-            peer(context)
+            peer.read(context)
             if rep:
                 reads[LLAMA_CPP].append((time.perf_counter() - start) / prompt)
+            start = time.perf_counter()
+            peer.step(300 % vocab)
+            if rep:
+                peer_steps.append(time.perf_counter() - start)
         for name in variants:
             with kernel_variant(name):
                 runner.reset()
@@ -397,12 +412,13 @@ def variant_costs(runner: ModelRunner, variants: Sequence[str],
         for name in variants}
     if peer is not None:
         read = sorted(reads[LLAMA_CPP])[reps // 2]
-        costs[LLAMA_CPP] = {"t": {}, "prompt_ms_per_token": 1000 * read}
+        costs[LLAMA_CPP] = {"t": {1: sorted(peer_steps)[reps // 2]},
+                            "prompt_ms_per_token": 1000 * read}
     return costs
 
 
-def llama_cpp_reader(gguf: Path | None) -> Callable[[list[int]], None] | None:
-    """llama.cpp reading a prompt's ids into an empty cache (``None`` without it)."""
+def llama_cpp_peer(gguf: Path | None) -> Peer | None:
+    """llama.cpp on the same GGUF as a :class:`Peer` (``None`` without it)."""
     if gguf is None or importlib.util.find_spec("llama_cpp") is None:
         return None
     from llama_cpp import Llama
@@ -414,7 +430,12 @@ def llama_cpp_reader(gguf: Path | None) -> Callable[[list[int]], None] | None:
         llm.reset()
         llm.eval(ids)
 
-    return read
+    def step(token: int) -> None:
+        held = llm.n_tokens
+        llm.eval([token])
+        llm.n_tokens = held  # the next eval drops the token from its cache
+
+    return Peer(read, step)
 
 
 def variants_markdown(throughput: dict[str, dict[int, float]],
@@ -432,16 +453,18 @@ def variants_markdown(throughput: dict[str, dict[int, float]],
         lines += ["", f"{model}: t(k)/t(1) and prompt reading (every variant on the weight "
                   "forms loaded for the one running):", "",
                   "| variant | t(1) ms | " + " | ".join(f"t({k})/t(1)" for k in ks[1:])
-                  + " | prompt ms/token | prompt rate × llama.cpp |",
-                  "| --- |" + " ---: |" * (len(ks) + 2)]
+                  + " | decoding rate × llama.cpp | prompt ms/token | prompt rate × llama.cpp |",
+                  "| --- |" + " ---: |" * (len(ks) + 3)]
         for name, c in by_variant.items():
             t = c["t"]
-            cells = ([f"{t[ks[0]] * 1000:.1f}", *(f"{t[k] / t[ks[0]]:.2f}" for k in ks[1:])]
-                     if t else ["–"] * len(ks))
+            cells = [f"{t[ks[0]] * 1000:.1f}" if ks[0] in t else "–",
+                     *(f"{t[k] / t[ks[0]]:.2f}" if k in t else "–" for k in ks[1:])]
+            decode = (f"{peer['t'][ks[0]] / t[ks[0]]:.2f}"
+                      if peer is not None and ks[0] in peer["t"] and ks[0] in t else "–")
             ratio = (f"{peer['prompt_ms_per_token'] / c['prompt_ms_per_token']:.2f}"
                      if peer is not None else "–")
             lines.append(f"| {name} | " + " | ".join(cells)
-                         + f" | {c['prompt_ms_per_token']:.2f} | {ratio} |")
+                         + f" | {decode} | {c['prompt_ms_per_token']:.2f} | {ratio} |")
     return "\n".join(lines) + "\n"
 
 
@@ -954,7 +977,7 @@ def main(argv: list[str] | None = None) -> int:
             models[draft or "draft"] = (engine.draft.model, engine.draft.gguf)
         ab = {"kernel_gmac_s": kernel_throughput(everyone),
               "models": {name: variant_costs(ModelRunner(model), everyone,
-                                             peer=llama_cpp_reader(gguf))
+                                             peer=llama_cpp_peer(gguf))
                          for name, (model, gguf) in models.items()}}
     if args.kernels_only:
         if ab is None:
