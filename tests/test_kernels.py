@@ -21,8 +21,10 @@ from engine.cpu.layers import (
     Q6KPLinear,
     Q8Linear,
     kernel_order,
+    pack_factors,
     pack_pairs,
     pack_q6,
+    unpack_factors,
     unpack_pairs,
     unpack_q6,
 )
@@ -218,11 +220,12 @@ def q4k_reference(x: torch.Tensor, layer: Q4KLinear) -> torch.Tensor:
     inv = torch.where(dx > 0, 1.0 / dx, torch.zeros_like(dx))
     codes = torch.round(g * inv.unsqueeze(-1)).double().unflatten(-1, (8, GROUP))  # [M,S,8,32]
     q = layer.unpacked().double().unflatten(1, (-1, 8))  # [N, S, 8, 32]
-    sc = layer.sc.double().unflatten(1, (-1, 8))  # [N, S, 8]
-    mn = layer.mn.double().unflatten(1, (-1, 8))
+    sc, mn, d, dmin = layer.factors()
+    sc = sc.double().unflatten(1, (-1, 8))  # [N, S, 8]
+    mn = mn.double().unflatten(1, (-1, 8))
     dots = torch.einsum("msjk,nsjk->mnsj", codes, q)  # [M, N, S, 8] exact
-    scaled = (dots * sc).sum(-1) * layer.d.double() * dx.double()[:, None]  # [M, N, S]
-    mins = (codes.sum(-1)[:, None] * mn).sum(-1) * layer.dmin.double() * dx.double()[:, None]
+    scaled = (dots * sc).sum(-1) * d.double() * dx.double()[:, None]  # [M, N, S]
+    mins = (codes.sum(-1)[:, None] * mn).sum(-1) * dmin.double() * dx.double()[:, None]
     y = (scaled - mins).sum(-1)
     return y if layer.bias is None else y + layer.bias.double()
 
@@ -246,6 +249,34 @@ def test_q4k_kernel_matches_the_reference_and_holds_the_gguf_weight(
     assert close(y, q4k_reference(x, layer))
     for m in (*range(1, 12), 16, 17, 33):  # passes of 8 or 16 rows, tiles: the same rows
         assert torch.equal(layer(x[:m]), y[:m])
+
+
+def test_q4k_factors_sit_in_one_record_per_pair_of_super_blocks() -> None:
+    """``pack_factors``' bytes where its docstring puts them, a lone last super-block's
+    partner zero, and d or dmin that float16 cannot hold refused."""
+    torch.manual_seed(15)
+    n, s = 3, 5  # two pairs and a lone super-block
+    sc = torch.randint(0, 64, (n, s * 8), dtype=torch.uint8)
+    mn = torch.randint(0, 64, (n, s * 8), dtype=torch.uint8)
+    d, dmin = torch.rand(n, s).half().float(), torch.rand(n, s).half().float()
+    meta = pack_factors(sc, mn, d, dmin)
+    assert meta.shape == (n, 3 * 40) and meta.dtype == torch.uint8
+    for row in range(n):
+        for sb in range(s):
+            record = meta[row, 40 * (sb // 2) : 40 * (sb // 2 + 1)]
+            half = sb % 2
+            assert torch.equal(record[8 * half : 8 * half + 8], sc[row, 8 * sb : 8 * sb + 8])
+            assert torch.equal(record[16 + 8 * half : 24 + 8 * half], mn[row, 8 * sb : 8 * sb + 8])
+            for at, value in ((32, d), (36, dmin)):
+                held = record[at + 2 * half : at + 2 * half + 2].clone().view(torch.float16)
+                assert float(held) == float(value[row, sb])
+        assert not meta[row, 80 + 8 : 80 + 16].any() and not meta[row, 80 + 24 : 80 + 32].any()
+        assert not meta[row, 80 + 34 : 80 + 36].any() and not meta[row, 80 + 38 :].any()
+    unpacked = unpack_factors(meta, s)
+    for got, expected in zip(unpacked, (sc, mn, d, dmin), strict=True):
+        assert torch.equal(got, expected)
+    with pytest.raises(ValueError, match="float16"):
+        pack_factors(sc, mn, d + 1e-6, dmin)
 
 
 def test_q4k_needs_super_blocks() -> None:
@@ -415,7 +446,7 @@ def test_weights_moved_into_huge_pages_give_the_same_outputs(variant: str) -> No
                 if getattr(layer, name) is not None]
 
     sizes = [t.numel() * t.element_size() for t in arrays()]
-    assert len(sizes) == 5 + 3 + 3 and pages.to_huge_pages(layers) >= sum(sizes)
+    assert len(sizes) == 2 + 3 + 3 and pages.to_huge_pages(layers) >= sum(sizes)
     starts = sorted(t.data_ptr() for t in arrays())
     assert starts[0] % pages.HUGE_PAGE == 0 and all(p % pages.ALIGN == 0 for p in starts)
     assert starts[-1] - starts[0] < sum(sizes) + pages.ALIGN * len(sizes)  # one arena

@@ -30,7 +30,7 @@ Contract of the layers (each replaces one ``nn.Linear``; input ``[..., K]``, out
   scale each, as llama.cpp rounds activations for its quantized dot products): about
   0.5 % relative error on a layer's output, and every group's product is exact
   integer arithmetic. :class:`Q4KLinear` and :class:`Q6KLinear` hold Q4_K and Q6_K
-  tensors exactly (their integer scales, float32 ``d``) and round activations per 256
+  tensors exactly (their integer scales, the GGUF's float16 ``d``) and round activations per 256
   inputs, as llama.cpp's K-quant dot products do; fewer instructions per row.
 
 Row independence: the four quantized layers give each output row the same bits
@@ -297,23 +297,73 @@ def unpack_pairs(codes: torch.Tensor) -> torch.Tensor:
     return kernel_order(vectors).unflatten(-1, (-1, GROUP))
 
 
+Q4K_RECORD = 40  # bytes of factors per pair of super-blocks (pack_factors)
+
+
+def pack_factors(sc: torch.Tensor, mn: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor
+                 ) -> torch.Tensor:
+    """Q4_K's factors -> the q4k records ``[N, ceil(S / 2) * 40]`` (uint8): per pair of
+    super-blocks the 8 ``sc`` of both, the 8 ``mn`` of both, then ``d`` of both and
+    ``dmin`` of both as float16 (little-endian); a lone last super-block's partner zero.
+    ``sc``, ``mn`` ``[N, S * 8]`` (0..63), ``d``, ``dmin`` ``[N, S]`` (float16 values)."""
+    n, s = d.shape
+    half = d.to(torch.float16)
+    if not (torch.equal(half.float(), d.float()) and torch.equal(dmin.to(torch.float16).float(),
+                                                                  dmin.float())):
+        raise ValueError("Q4_K's d and dmin must be float16 values")
+    pairs = (s + 1) // 2
+    pad = 2 * pairs - s
+
+    def paired(t: torch.Tensor, width: int) -> torch.Tensor:  # [N, pairs, 2 * width] bytes
+        t = torch.nn.functional.pad(t.reshape(n, s, width), (0, 0, 0, pad))
+        return t.reshape(n, pairs, 2 * width)
+
+    def halves(t: torch.Tensor) -> torch.Tensor:
+        return t.to(torch.float16).contiguous().view(torch.uint8).reshape(n, s, 2)
+
+    records = torch.cat([paired(sc.to(torch.uint8), 8), paired(mn.to(torch.uint8), 8),
+                         paired(halves(d), 2), paired(halves(dmin), 2)], dim=-1)
+    return records.reshape(n, pairs * Q4K_RECORD).contiguous()
+
+
+def unpack_factors(meta: torch.Tensor, supers: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The records of :func:`pack_factors` -> ``sc``, ``mn`` (uint8 ``[N, S * 8]``) and
+    ``d``, ``dmin`` (float32 ``[N, S]``) of ``supers`` super-blocks."""
+    n = meta.shape[0]
+    r = meta.reshape(n, -1, Q4K_RECORD)  # [N, pairs, 40]
+
+    def unpaired(t: torch.Tensor, width: int) -> torch.Tensor:
+        return t.reshape(n, -1, width)[:, :supers].reshape(n, -1)
+
+    def floats(t: torch.Tensor) -> torch.Tensor:
+        return unpaired(t, 2).contiguous().view(torch.float16).float()
+
+    return (unpaired(r[..., :16], 8), unpaired(r[..., 16:32], 8), floats(r[..., 32:36]),
+            floats(r[..., 36:40]))
+
+
 class Q4KLinear(NativeLinear):
     """A Q4_K tensor in its own integer form (exactly the GGUF's weights), on our kernel."""
 
     FORMAT = "q4k"
-    BUFFERS = ("codes", "sc", "mn", "d", "dmin")
+    BUFFERS = ("codes", "meta")
     codes: torch.Tensor  # [N, K / 2] uint8, kernel order (pack_pairs)
-    sc: torch.Tensor  # [N, K / 32] uint8, 6-bit scales
-    mn: torch.Tensor  # [N, K / 32] uint8, 6-bit mins
-    d: torch.Tensor  # [N, K / 256] float32
-    dmin: torch.Tensor  # [N, K / 256] float32
+    meta: torch.Tensor  # [N, ceil(K / 512) * 40] uint8: sc, mn, d, dmin (pack_factors)
     bias: torch.Tensor | None  # [N] float32
 
-    def __init__(self, codes: torch.Tensor, sc: torch.Tensor, mn: torch.Tensor, d: torch.Tensor,
-                 dmin: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, codes: torch.Tensor, meta: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> None:
         super().__init__()
         shape = (codes.shape[0], codes.shape[1] * 2)
-        self._hold(shape, codes=codes, sc=sc, mn=mn, d=d, dmin=dmin, bias=bias)
+        self._hold(shape, codes=codes, meta=meta, bias=bias)
+
+    @classmethod
+    def from_parts(cls, codes: torch.Tensor, sc: torch.Tensor, mn: torch.Tensor,
+                   d: torch.Tensor, dmin: torch.Tensor, bias: torch.Tensor | None = None
+                   ) -> "Q4KLinear":
+        """From packed codes (:func:`pack_pairs`) and the factors of :func:`pack_factors`."""
+        return cls(codes.contiguous(), pack_factors(sc, mn, d, dmin), _float_bias(bias))
 
     @classmethod
     def from_groups(cls, g: GroupQuant, bias: torch.Tensor | None = None) -> "Q4KLinear":
@@ -321,9 +371,12 @@ class Q4KLinear(NativeLinear):
         if g.superblocks is None:
             raise ValueError("Q4KLinear needs a Q4_K tensor's super-block factors")
         b = g.superblocks
-        return cls(pack_pairs(g.q).contiguous(), b.sc.to(torch.uint8).contiguous(),
-                   b.mn.to(torch.uint8).contiguous(), b.d.float().contiguous(),
-                   b.dmin.float().contiguous(), _float_bias(bias))
+        return cls.from_parts(pack_pairs(g.q), b.sc, b.mn, b.d, b.dmin, bias)
+
+    def factors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``sc``, ``mn`` ``[N, K / 32]`` (uint8) and ``d``, ``dmin`` ``[N, K / 256]``
+        (float32), as :func:`unpack_factors` reads them from the records."""
+        return unpack_factors(self.meta, self.in_features // 256)
 
     def unpacked(self) -> torch.Tensor:
         """The codes ``[N, K / 32, 32]`` (uint8, 0..15) in input order."""
@@ -331,10 +384,10 @@ class Q4KLinear(NativeLinear):
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight ``[N, K]``, computed as gguf-py does (for tests)."""
-        groups = self.sc.shape[1] // self.d.shape[1]  # 8 groups of 32 per super-block
-        d = self.d.repeat_interleave(groups, dim=1)  # [N, G]
-        dmin = self.dmin.repeat_interleave(groups, dim=1)
-        scale, offset = d * self.sc.float(), -(dmin * self.mn.float())  # [N, G]
+        sc, mn, d, dmin = self.factors()
+        groups = sc.shape[1] // d.shape[1]  # 8 groups of 32 per super-block
+        d, dmin = d.repeat_interleave(groups, dim=1), dmin.repeat_interleave(groups, dim=1)
+        scale, offset = d * sc.float(), -(dmin * mn.float())  # [N, G]
         q = self.unpacked().float()  # [N, G, 32]
         return (q * scale.unsqueeze(-1) + offset.unsqueeze(-1)).flatten(1)
 

@@ -331,11 +331,12 @@ def q4k_matrix(n: int = 8960, k: int = 1536, seed: int = 0) -> Q4KLinear:
     """A random layer ``[n, k]`` in the q4k form (Qwen 1.5B's gate/up shape by default)."""
     gen = torch.Generator().manual_seed(seed)
     groups, blocks = k // kernels.GROUP, k // 256
-    return Q4KLinear(torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen),
-                     torch.randint(0, 64, (n, groups), dtype=torch.uint8, generator=gen),
-                     torch.randint(0, 64, (n, groups), dtype=torch.uint8, generator=gen),
-                     torch.rand(n, blocks, generator=gen) * 1e-3,
-                     torch.rand(n, blocks, generator=gen) * 1e-3)
+    return Q4KLinear.from_parts(
+        torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen),
+        torch.randint(0, 64, (n, groups), dtype=torch.uint8, generator=gen),
+        torch.randint(0, 64, (n, groups), dtype=torch.uint8, generator=gen),
+        (torch.rand(n, blocks, generator=gen) * 1e-3).half().float(),
+        (torch.rand(n, blocks, generator=gen) * 1e-3).half().float())
 
 
 def kernel_throughput(variants: Sequence[str], rows: Sequence[int] = (1, 2, 4, 8, 16, 64),

@@ -29,8 +29,9 @@
 //       float16 offset (two [N, K / 32] arrays): w = code * scale + offset.
 //   q4k: Q4_K's own form: 4-bit codes, 128 bytes per super-block of 256 inputs taken in
 //       kernel order (see kernel_position: what lets 8 groups share one scale multiply),
-//       per 256 inputs float32 d and dmin, per 32 a 6-bit scale sc and min mn (uint8
-//       each): w = d*sc*code - dmin*mn. Its activations are rounded per 256 inputs
+//       per 256 inputs float16 d and dmin, per 32 a 6-bit scale sc and min mn (uint8
+//       each), the factors of two super-blocks in one record (q4k_record):
+//       w = d*sc*code - dmin*mn. Its activations are rounded per 256 inputs
 //       instead (as llama.cpp's Q8_K) and stored in the same kernel order.
 //   q6k: Q6_K's own form, its codes as int8 (-32..31, one byte each: the 256-bit loops
 //       run it faster than 6-bit codes) in kernel order, an int8 scale per 16 inputs and
@@ -598,11 +599,29 @@ void quantize_rows_256(const float *x, int M, int K, QuantRows256 q, bool packed
 
 struct Q4KWeights {
     const uint8_t *codes;  // [N, K / 2], per super-block 4 x 32 bytes (see unpack_q4_pair)
-    const uint8_t *sc;     // [N, K / 32]
-    const uint8_t *mn;     // [N, K / 32]
-    const float *d;        // [N, K / 256]
-    const float *dmin;     // [N, K / 256]
+    const uint8_t *meta;   // [N, ceil(K / 512) * Q4K_META]: the factors (q4k_record)
 };
+
+// A feature's factors of super-blocks 2P and 2P + 1 in one record of Q4K_META bytes: the
+// 8 sc of both (8 + 8 bytes), the 8 mn of both, d of both and dmin of both as float16 (the
+// GGUF's own); a lone last super-block's partner fields zero. One stream beside the codes
+// (a stream for each of sc, mn, d and dmin cost the one-row step 5-8 % on Zen 4).
+constexpr int Q4K_META = 40;
+
+inline const uint8_t *q4k_record(const Q4KWeights &w, int64_t n, int S, int sb) {
+    return w.meta + (n * ((S + 1) / 2) + sb / 2) * Q4K_META;
+}
+inline const uint8_t *q4k_sc(const uint8_t *record, int sb) { return record + (sb & 1) * 8; }
+inline const uint8_t *q4k_mn(const uint8_t *record, int sb) { return record + 16 + (sb & 1) * 8; }
+inline float half_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+inline float q4k_d(const uint8_t *record, int sb) { return half_at(record + 32 + (sb & 1) * 2); }
+inline float q4k_dmin(const uint8_t *record, int sb) { return half_at(record + 36 + (sb & 1) * 2); }
+// How far ahead the loops ask for the records: as many super-blocks as their codes' distance.
+constexpr int q4k_meta_ahead(int code_bytes) { return code_bytes / (SUPER / 2) * (Q4K_META / 2); }
 
 // Bytes of codes the Q4_K loops prefetch ahead. The AVX2 loops: 16 super-blocks (2 KiB,
 // as far as the q4 and Q6_K loops look; a longer distance slowed the one-row step on the
@@ -629,8 +648,8 @@ inline void q4k_few(const QuantRows256 xq, int K, const Q4KWeights w, const floa
         const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
         const uint8_t *codes = w.codes + g0 * (GROUP / 2);
         prefetch((const char *)codes + Q4K_AHEAD, SUPER / 2);
-        prefetch((const char *)(w.sc + g0) + Q4K_AHEAD / 16, 1);
-        prefetch((const char *)(w.mn + g0) + Q4K_AHEAD / 16, 1);
+        const uint8_t *record = q4k_record(w, n, S, sb);
+        prefetch((const char *)record + q4k_meta_ahead(Q4K_AHEAD), 1);
         __m256i p16[M];  // [16] int16 per row, lanes 2g and 2g + 1 for group g
         for (int m = 0; m < M; ++m) p16[m] = _mm256_setzero_si256();
         for (int c = 0; c < SUPER / 64; ++c) {
@@ -643,11 +662,11 @@ inline void q4k_few(const QuantRows256 xq, int K, const Q4KWeights w, const floa
                 p16[m] = _mm256_add_epi16(p16[m], _mm256_add_epi16(a, b));
             }
         }
-        const __m256i scale = group_scales(w.sc + g0);
-        const __m256 d = _mm256_set1_ps(w.d[(int64_t)n * S + sb]);
+        const __m256i scale = group_scales(q4k_sc(record, sb));
+        const __m256 d = _mm256_set1_ps(q4k_d(record, sb));
         const __m256 mins = _mm256_mul_ps(  // [8] dmin * mn_g
-            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w.mn + g0)))),
-            _mm256_set1_ps(w.dmin[(int64_t)n * S + sb]));
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q4k_mn(record, sb)))),
+            _mm256_set1_ps(q4k_dmin(record, sb)));
         for (int m = 0; m < M; ++m) {
             const __m256 dots = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p16[m], scale)),
                                               _mm256_broadcast_ss(xq.scale + (int64_t)m * S + sb));
@@ -673,15 +692,15 @@ inline void q4k_many(const QuantRows256 xq, int K, const Q4KWeights w, const flo
         const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
         const uint8_t *codes = w.codes + g0 * (GROUP / 2);
         prefetch((const char *)codes + Q4K_AHEAD, SUPER / 2);
-        prefetch((const char *)(w.sc + g0) + Q4K_AHEAD / 16, 1);
-        prefetch((const char *)(w.mn + g0) + Q4K_AHEAD / 16, 1);
+        const uint8_t *record = q4k_record(w, n, S, sb);
+        prefetch((const char *)record + q4k_meta_ahead(Q4K_AHEAD), 1);
         __m256i wq[8];  // kernel-order vectors 0..7
         for (int c = 0; c < SUPER / 64; ++c) unpack_q4_pair(codes + c * GROUP, wq[2 * c], wq[2 * c + 1]);
-        const __m256i scale = group_scales(w.sc + g0);
-        const __m256 d = _mm256_set1_ps(w.d[(int64_t)n * S + sb]);
+        const __m256i scale = group_scales(q4k_sc(record, sb));
+        const __m256 d = _mm256_set1_ps(q4k_d(record, sb));
         const __m256 mins = _mm256_mul_ps(  // [8] dmin * mn_g
-            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w.mn + g0)))),
-            _mm256_set1_ps(w.dmin[(int64_t)n * S + sb]));
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q4k_mn(record, sb)))),
+            _mm256_set1_ps(q4k_dmin(record, sb)));
         for (int m = 0; m < M; ++m) {
             const int8_t *x = xq.codes + m * (int64_t)K + sb * SUPER;
             __m256i p[8];  // [16] int16 each, lanes 2g and 2g + 1 for group g
@@ -714,16 +733,16 @@ inline void q4k_one_vnni(const QuantRows256 xq, int K, const Q4KWeights w, const
         const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
         const uint8_t *codes = w.codes + g0 * (GROUP / 2);
         prefetch((const char *)codes + Q4K_AHEAD_WIDE, SUPER / 2);
-        prefetch((const char *)(w.sc + g0) + Q4K_AHEAD_WIDE / 16, 1);
-        prefetch((const char *)(w.mn + g0) + Q4K_AHEAD_WIDE / 16, 1);
+        const uint8_t *record = q4k_record(w, n, S, sb);
+        prefetch((const char *)record + q4k_meta_ahead(Q4K_AHEAD_WIDE), 1);
         __m256i wq[8];
         for (int c = 0; c < SUPER / 64; ++c) unpack_q4_pair(codes + c * GROUP, wq[2 * c], wq[2 * c + 1]);
         const __m256 scale = _mm256_cvtepi32_ps(
-            _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w.sc + g0))));
-        const __m256 d = _mm256_set1_ps(w.d[(int64_t)n * S + sb]);
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q4k_sc(record, sb))));
+        const __m256 d = _mm256_set1_ps(q4k_d(record, sb));
         const __m256 mins = _mm256_mul_ps(  // [8] dmin * mn_g
-            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w.mn + g0)))),
-            _mm256_set1_ps(w.dmin[(int64_t)n * S + sb]));
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q4k_mn(record, sb)))),
+            _mm256_set1_ps(q4k_dmin(record, sb)));
         for (int m = 0; m < M; ++m) {
             const int8_t *x = xq.codes + m * (int64_t)K + sb * SUPER;
             __m256i i32 = _mm256_setzero_si256();
@@ -741,15 +760,9 @@ inline void q4k_one_vnni(const QuantRows256 xq, int K, const Q4KWeights w, const
 #endif
 
 #if ANVE_AVX512
-// [a x 8 | b x 8] from p[0], p[1] (b = 0 without a second).
-inline __m512 pair16(const float *p, bool two) {
-    return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(p[0]), _mm512_set1_ps(two ? p[1] : 0.0f));
-}
-
-// 16 bytes (8 without a second super-block) as [16] float.
-inline __m512 bytes16(const uint8_t *p, bool two) {
-    const __m128i v = two ? _mm_loadu_si128((const __m128i *)p) : _mm_loadl_epi64((const __m128i *)p);
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
+// 16 bytes as [16] float.
+inline __m512 bytes16(const uint8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 
 // The [16] int32 group sums of two super-blocks (lanes 0..7: a's groups, 8..15: b's) from
@@ -758,12 +771,16 @@ inline __m512i join_halves(__m512i a, __m512i b) {
     return _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, 0x44), _mm512_shuffle_i32x4(a, b, 0xEE));
 }
 
-// q4k's factors of super-blocks sb and sb + 1 (lanes 8..15 zero without a second) of
-// feature n: scd = float(sc_g) * d and mins = float(mn_g) * dmin.
-inline void q4k_factors(const Q4KWeights &w, int64_t g0, int64_t n_sb, bool two, __m512 &scd,
-                        __m512 &mins) {
-    scd = _mm512_mul_ps(bytes16(w.sc + g0, two), pair16(w.d + n_sb, two));
-    mins = _mm512_mul_ps(bytes16(w.mn + g0, two), pair16(w.dmin + n_sb, two));
+// q4k's factors of super-blocks sb and sb + 1 (sb even; lanes 8..15 zero without a
+// second: its record's fields are) from their record: scd = float(sc_g) * d and
+// mins = float(mn_g) * dmin.
+inline void q4k_factors(const uint8_t *record, __m512 &scd, __m512 &mins) {
+    // [d of sb, d of sb + 1, dmin of sb, dmin of sb + 1]
+    const __m512 dd = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(record + 32))));
+    const __m512i first = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    scd = _mm512_mul_ps(bytes16(record), _mm512_permutexvar_ps(first, dd));
+    mins = _mm512_mul_ps(bytes16(record + 16),
+                         _mm512_permutexvar_ps(_mm512_add_epi32(first, _mm512_set1_epi32(2)), dd));
 }
 
 // Every row's running sums after super-blocks sb (and sb + 1 when Two) of F output
@@ -838,9 +855,9 @@ inline void q4k_one_512(const QuantRows256 xq, int K, const Q4KWeights w, const 
         for (int f = 0; f < F; ++f) {
             const int64_t g0 = (int64_t)(n + f) * G + sb * (SUPER / GROUP);
             const uint8_t *codes = w.codes + g0 * (GROUP / 2);
+            const uint8_t *record = q4k_record(w, n + f, S, sb);
             prefetch((const char *)codes + Q4K_AHEAD_WIDE, SUPER);
-            prefetch((const char *)(w.sc + g0) + Q4K_AHEAD_WIDE / 16, 1);
-            prefetch((const char *)(w.mn + g0) + Q4K_AHEAD_WIDE / 16, 1);
+            prefetch((const char *)record + q4k_meta_ahead(Q4K_AHEAD_WIDE), 1);
 #pragma GCC unroll 2
             for (int h = 0; h < 2; ++h) {  // chunks 2h, 2h + 1: vectors 4h .. 4h + 3
                 const __m512i c = _mm512_loadu_si512((const void *)(codes + 64 * h));
@@ -852,7 +869,7 @@ inline void q4k_one_512(const QuantRows256 xq, int K, const Q4KWeights w, const 
                 wq[f][4 * h + 2] = _mm512_and_si512(second, mask);
                 wq[f][4 * h + 3] = _mm512_and_si512(_mm512_srli_epi16(second, 4), mask);
             }
-            q4k_factors(w, g0, (int64_t)(n + f) * S + sb, true, scd[f], mins[f]);
+            q4k_factors(record, scd[f], mins[f]);
         }
         q4k_fold_rows<M, F, true>(xq, K, G, sb, wq, scd, mins, acc);
     }
@@ -868,7 +885,7 @@ inline void q4k_one_512(const QuantRows256 xq, int K, const Q4KWeights w, const 
                 wq[f][2 * c] = _mm512_and_si512(v, mask);
                 wq[f][2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
             }
-            q4k_factors(w, g0, (int64_t)(n + f) * S + sb, false, scd[f], mins[f]);
+            q4k_factors(q4k_record(w, n + f, S, sb), scd[f], mins[f]);
         }
         q4k_fold_rows<M, F, false>(xq, K, G, sb, wq, scd, mins, acc);
     }
@@ -1232,19 +1249,24 @@ void q4k_amx(const QuantRows256 xq, int M, int K, const Q4KWeights w, const floa
     // [set][super-block, 2 pairs of them][group][16 rows][feature]: the exact group sums
     int32_t *cb = (int32_t *)aligned_alloc(64, (size_t)sets * 2 * pairs * 8 * 256 * sizeof(int32_t));
     const __m512i nibble = _mm512_set1_epi8(0x0F), byte = _mm512_set1_epi32(0xFF);
-    const __m512i by_g = row_offsets(G), by_s = row_offsets(S);
+    const __m512i by_record = row_offsets(pairs * Q4K_META);  // feature i's records
     const uint8_t *tile = w.codes + (int64_t)n0 * (K / 2);
     for (int sb = 0; sb < S; ++sb) {
         prefetch((const char *)tile + 16 * (int64_t)(K / 2) + sb * 16 * (SUPER / 2), 16 * SUPER / 2);
         float *f = fac + (sb / 2) * 512 + (sb & 1) * 128;  // lanes 8 (sb & 1) ..
-        const __m512 d = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, by_s, w.d + (int64_t)n0 * S + sb, 4);
-        const __m512 dmin = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, by_s,
-                                                     w.dmin + (int64_t)n0 * S + sb, 4);
+        const uint8_t *record = q4k_record(w, n0, S, sb);
+        // the float16 d (dmin) of both super-blocks of the pair per feature, this one's taken
+        const __m512i dd = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, by_record,
+                                                       (const void *)(record + 32), 1);
+        const __m512i mm = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, by_record,
+                                                       (const void *)(record + 36), 1);
+        const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16 * (sb & 1))));
+        const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(mm, 16 * (sb & 1))));
         for (int h = 0; h < 2; ++h) {
-            const __m512i sc4 = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, by_g,
-                (const void *)(w.sc + (int64_t)n0 * G + sb * 8 + 4 * h), 1);
-            const __m512i mn4 = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, by_g,
-                (const void *)(w.mn + (int64_t)n0 * G + sb * 8 + 4 * h), 1);
+            const __m512i sc4 = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, by_record,
+                (const void *)(q4k_sc(record, sb) + 4 * h), 1);
+            const __m512i mn4 = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, by_record,
+                (const void *)(q4k_mn(record, sb) + 4 * h), 1);
             for (int b = 0; b < 4; ++b) {
                 const int g = 4 * h + b;
                 _mm512_store_ps(f + 16 * g, _mm512_mul_ps(_mm512_cvtepi32_ps(
@@ -1878,9 +1900,7 @@ void part_tile(const Part &p, int M, int K, const QuantRows &r32, const QuantRow
                int n0, int n1) {
 #if ANVE_AMX
     if (p.form == FORM_Q4K && M >= AMX_FROM) {  // all rows in one pass, on tiles
-        const Q4KWeights w = {(const uint8_t *)p.w[0], (const uint8_t *)p.w[1],
-                              (const uint8_t *)p.w[2], (const float *)p.w[3],
-                              (const float *)p.w[4]};
+        const Q4KWeights w = {(const uint8_t *)p.w[0], (const uint8_t *)p.w[1]};
         return q4k_amx(r256, M, K, w, p.bias, p.y, p.n, n0, n1);
     }
 #endif
@@ -1899,9 +1919,7 @@ void part_tile(const Part &p, int M, int K, const QuantRows &r32, const QuantRow
                      N, n0, n1)
         } else if (p.form == FORM_Q4K) {
             const QuantRows256 xq = rows_from(r256, m0, K);
-            const Q4KWeights w = {(const uint8_t *)p.w[0], (const uint8_t *)p.w[1],
-                                  (const uint8_t *)p.w[2], (const float *)p.w[3],
-                                  (const float *)p.w[4]};
+            const Q4KWeights w = {(const uint8_t *)p.w[0], (const uint8_t *)p.w[1]};
             DISPATCH(q4k_rows, xq, K, w, p.bias, out, N, n0, n1)
         } else if (p.form == FORM_Q6K) {
             const QuantRows256 xq = rows_from(r256, m0, K);
