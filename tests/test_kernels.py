@@ -334,6 +334,23 @@ def test_q6_codes_pack_into_six_bits_where_the_layout_says() -> None:
                 assert (low | top << 4) - 32 == int(q[row, at]), (row, sb, i)
 
 
+def test_q6kp_blocks_hold_codes_scales_and_d_where_the_layout_says() -> None:
+    torch.manual_seed(16)
+    n, k = 5, 768
+    b = decode_q6_k(q6_k_blocks(n, k), n, k)
+    layer = Q6KPLinear.from_blocks(b)
+    assert layer.blocks.shape == (n, 3 * 210) and (layer.out_features, layer.in_features) == (n, k)
+    blocks = layer.blocks.reshape(n, 3, 210)
+    assert torch.equal(blocks[..., :192].reshape(n, -1), pack_q6(kernel_order(b.q)))
+    assert torch.equal(blocks[..., 192:208].reshape(n, -1).view(torch.int8), b.sc)
+    assert torch.equal(blocks[..., 208:].contiguous().view(torch.float16).reshape(n, 3).float(),
+                       b.d)
+    parts = layer.parts()
+    assert torch.equal(parts.q, b.q) and torch.equal(parts.sc, b.sc) and torch.equal(parts.d, b.d)
+    with pytest.raises(ValueError, match="float16"):
+        Q6KPLinear.from_blocks(Q6Blocks(b.q, b.sc, b.d + 1e-6))
+
+
 @pytest.mark.parametrize(("n", "k"), [(37, 1536), (24, 4352)])
 def test_q6_codes_in_six_bits_give_the_bits_of_a_byte_each(n: int, k: int, variant: str
                                                           ) -> None:

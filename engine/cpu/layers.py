@@ -445,30 +445,61 @@ def unpack_q6(packed: torch.Tensor) -> torch.Tensor:
     return u.unflatten(-1, (8, GROUP))[..., inverse, :].flatten(1)
 
 
+Q6P_BLOCK = 210  # bytes per super-block of a q6kp layer: 192 of codes, 16 scales, d
+
+
+def q6p_blocks(q: torch.Tensor, sc: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """A Q6_K tensor's codes ``[N, K]`` (kernel order), scales ``[N, K / 16]`` (int8) and
+    ``d`` ``[N, K / 256]`` (float16 values) -> the q6kp layout ``[N, K / 256 * 210]``
+    (uint8): per super-block its codes as :func:`pack_q6` packs them, its 16 scales, and
+    its ``d`` as float16 (little-endian)."""
+    n, s = d.shape
+    half = d.to(torch.float16)
+    if not torch.equal(half.float(), d.float()):
+        raise ValueError("Q6_K's d must be float16 values")
+    codes = pack_q6(q).reshape(n, s, 192)
+    scales = sc.contiguous().view(torch.uint8).reshape(n, s, 16)
+    ds = half.contiguous().view(torch.uint8).reshape(n, s, 2)
+    return torch.cat([codes, scales, ds], dim=-1).reshape(n, s * Q6P_BLOCK).contiguous()
+
+
+def split_q6p(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The q6kp layout -> codes ``[N, K]`` (int8, kernel order), scales ``[N, K / 16]``
+    (int8) and ``d`` ``[N, K / 256]`` (float32): what :func:`q6p_blocks` took."""
+    n = blocks.shape[0]
+    b = blocks.reshape(n, -1, Q6P_BLOCK)  # [N, S, 210]
+    q = unpack_q6(b[..., :192].reshape(n, -1))
+    sc = b[..., 192:208].contiguous().view(torch.int8).reshape(n, -1)
+    d = b[..., 208:].contiguous().view(torch.float16).reshape(n, -1).float()
+    return q, sc, d
+
+
 class Q6KPLinear(NativeLinear):
     """A Q6_K tensor in its own integer form with its codes in 6 bits: the weights and the
-    outputs of :class:`Q6KLinear`, bit for bit, from a quarter fewer bytes of codes."""
+    outputs of :class:`Q6KLinear`, bit for bit, from the GGUF's 210 bytes a super-block
+    (276 in :class:`Q6KLinear`), in one array."""
 
     FORMAT = "q6kp"
-    BUFFERS = ("q", "sc", "d")
-    q: torch.Tensor  # [N, K * 3 / 4] uint8 (pack_q6)
-    sc: torch.Tensor  # [N, K / 16] int8
-    d: torch.Tensor  # [N, K / 256] float32
+    BUFFERS = ("blocks",)
+    blocks: torch.Tensor  # [N, K / 256 * 210] uint8 (q6p_blocks)
     bias: torch.Tensor | None  # [N] float32
 
-    def __init__(self, q: torch.Tensor, sc: torch.Tensor, d: torch.Tensor,
-                 bias: torch.Tensor | None = None) -> None:
+    def __init__(self, blocks: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
-        self._hold((q.shape[0], q.shape[1] * 4 // 3), q=q, sc=sc, d=d, bias=bias)
+        self._hold((blocks.shape[0], blocks.shape[1] // Q6P_BLOCK * 256), blocks=blocks, bias=bias)
 
     @classmethod
     def from_blocks(cls, b: Q6Blocks, bias: torch.Tensor | None = None) -> "Q6KPLinear":
-        return cls(pack_q6(kernel_order(b.q)).contiguous(), b.sc.contiguous(),
-                   b.d.float().contiguous(), _float_bias(bias))
+        return cls(q6p_blocks(kernel_order(b.q), b.sc, b.d), _float_bias(bias))
+
+    def parts(self) -> Q6Blocks:
+        """The codes (input order), scales and ``d`` the blocks hold."""
+        q, sc, d = split_q6p(self.blocks)
+        return Q6Blocks(kernel_order(q), sc, d)
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight ``[N, K]``, computed as gguf-py does (for tests)."""
-        return Q6Blocks(kernel_order(unpack_q6(self.q)), self.sc, self.d).dequantize()
+        return self.parts().dequantize()
 
 
 class Q8Linear(NativeLinear):

@@ -67,8 +67,9 @@ from engine.protocol import ACCELERATIONS
 log = logging.getLogger(__name__)
 
 MODES = tuple(m for m in ACCELERATIONS if m != "auto")  # what accelerate() takes
-CACHE_FORMAT = 6  # 2: Q4_K as Q4KLinear; 3: Q6_K as Q6KLinear; 4: Q4_K pair layout, uint8;
-# 5: Q4_K and Q6_K codes in the kernels' order; 6: Q4_K's factors in one array of records
+CACHE_FORMAT = 7  # 2: Q4_K as Q4KLinear; 3: Q6_K as Q6KLinear; 4: Q4_K pair layout, uint8;
+# 5: Q4_K and Q6_K codes in the kernels' order; 6: Q4_K's factors in one array of records;
+# 7: q6kp's codes, scales and d in one block a super-block
 Q4K_INPUTS = 256  # a Q4_K super-block
 CACHE_LINE = 64  # bytes: where torch's kernels want their weights to start
 _QUANT_LAYERS: dict[str, type[QuantizedLinear]] = {  # the cache names layers by class

@@ -930,6 +930,13 @@ struct Q6KWeights {
     const float *d;    // [N, K / 256]
 };
 
+// One output feature's Q6_K arrays (the 256-bit loops take a feature at a time).
+struct Q6KRow {
+    const int8_t *q;   // [K] in kernel order per super-block
+    const int8_t *sc;  // [K / 16]
+    const float *d;    // [K / 256]
+};
+
 constexpr int Q6_AHEAD = 8 * SUPER;  // bytes of codes: 8 super-blocks
 
 // Q6_K's 16 scales of a super-block (one per 16 inputs), as the lanes of kernel-order
@@ -942,16 +949,15 @@ inline __m256i half_scales(__m128i sc16, int half) {
 
 // Output feature n of a few rows (M <= FEW).
 template <int M>
-inline void q6k_few(const QuantRows256 xq, int K, const Q6KWeights w, const int8_t *row,
-                    const float *bias, float *y, int N, int n) {
-    const int S = K / SUPER, G = K / GROUP;
+inline void q6k_few(const QuantRows256 xq, int K, const Q6KRow w, const float *bias, float *y,
+                    int N, int n) {
+    const int S = K / SUPER;
     Sums<M> acc;
     for (int sb = 0; sb < S; ++sb) {
-        const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
-        const int8_t *codes = row + sb * SUPER;
+        const int8_t *codes = w.q + sb * SUPER;
         prefetch((const char *)codes + Q6_AHEAD, SUPER);
-        prefetch((const char *)(w.sc + 2 * g0) + Q6_AHEAD / 16, 1);
-        const __m128i sc16 = _mm_loadu_si128((const __m128i *)(w.sc + 2 * g0));
+        prefetch((const char *)(w.sc + 16 * sb) + Q6_AHEAD / 16, 1);
+        const __m128i sc16 = _mm_loadu_si128((const __m128i *)(w.sc + 16 * sb));
         __m256i i32[M];  // [8] int32 per row, group g in lane g
         for (int m = 0; m < M; ++m) i32[m] = _mm256_setzero_si256();
         for (int half = 0; half < 2; ++half) {  // 4 vectors add up in 16 bits (<= 16 * 32 * 127)
@@ -969,7 +975,7 @@ inline void q6k_few(const QuantRows256 xq, int K, const Q6KWeights w, const int8
             const __m256i scale = half_scales(sc16, half);
             for (int m = 0; m < M; ++m) i32[m] = _mm256_add_epi32(i32[m], _mm256_madd_epi16(p16[m], scale));
         }
-        const float d = w.d[(int64_t)n * S + sb];
+        const float d = w.d[sb];
         for (int m = 0; m < M; ++m) {
             const float dx = xq.scale[(int64_t)m * S + sb];
             acc.set(m, _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32[m]), _mm256_set1_ps(d * dx), acc.get(m)));
@@ -984,23 +990,22 @@ inline void q6k_few(const QuantRows256 xq, int K, const Q6KWeights w, const int8
 // int32 (group g in lane g); the running sums live in a small array. The same integers
 // and float steps as q6k_few: the same bits.
 template <int M>
-inline void q6k_many(const QuantRows256 xq, int K, const Q6KWeights w, const int8_t *row,
-                     const float *bias, float *y, int N, int n) {
-    const int S = K / SUPER, G = K / GROUP;
+inline void q6k_many(const QuantRows256 xq, int K, const Q6KRow w, const float *bias, float *y,
+                     int N, int n) {
+    const int S = K / SUPER;
     Sums<M> acc;
     for (int sb = 0; sb < S; ++sb) {
-        const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
-        const int8_t *codes = row + sb * SUPER;
+        const int8_t *codes = w.q + sb * SUPER;
         prefetch((const char *)codes + Q6_AHEAD, SUPER);
-        prefetch((const char *)(w.sc + 2 * g0) + Q6_AHEAD / 16, 1);
-        const __m128i sc16 = _mm_loadu_si128((const __m128i *)(w.sc + 2 * g0));
+        prefetch((const char *)(w.sc + 16 * sb) + Q6_AHEAD / 16, 1);
+        const __m128i sc16 = _mm_loadu_si128((const __m128i *)(w.sc + 16 * sb));
         __m256i wq[8], w_abs[8];
         for (int j = 0; j < 8; ++j) {
             wq[j] = _mm256_loadu_si256((const __m256i *)(codes + j * GROUP));
             w_abs[j] = _mm256_sign_epi8(wq[j], wq[j]);
         }
         const __m256i scale[2] = {half_scales(sc16, 0), half_scales(sc16, 1)};
-        const float d = w.d[(int64_t)n * S + sb];
+        const float d = w.d[sb];
         for (int m = 0; m < M; ++m) {
             const int8_t *x = xq.codes + m * (int64_t)K + sb * SUPER;
             __m256i p[8];
@@ -1033,18 +1038,17 @@ inline __m256i half_scales32(__m128i sc16, int half) {
 // sums land in the int32 lanes (lane g: group g) and take their scales as int32: the
 // same exact integers as the AVX2 loop, so the same bits.
 template <int M>
-inline void q6k_one_vnni(const QuantRows256 xq, int K, const Q6KWeights w, const int8_t *row,
-                         const float *bias, float *y, int N, int n) {
-    const int S = K / SUPER, G = K / GROUP;
+inline void q6k_one_vnni(const QuantRows256 xq, int K, const Q6KRow w, const float *bias, float *y,
+                         int N, int n) {
+    const int S = K / SUPER;
     const __m256i flip = _mm256_set1_epi8((char)0x80);
     __m256 acc[M];
     for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
     for (int sb = 0; sb < S; ++sb) {
-        const int64_t g0 = (int64_t)n * G + sb * (SUPER / GROUP);
-        const int8_t *codes = row + sb * SUPER;
+        const int8_t *codes = w.q + sb * SUPER;
         prefetch((const char *)codes + Q6_AHEAD, SUPER);
-        prefetch((const char *)(w.sc + 2 * g0) + Q6_AHEAD / 16, 1);
-        const __m128i sc16 = _mm_loadu_si128((const __m128i *)(w.sc + 2 * g0));
+        prefetch((const char *)(w.sc + 16 * sb) + Q6_AHEAD / 16, 1);
+        const __m128i sc16 = _mm_loadu_si128((const __m128i *)(w.sc + 16 * sb));
         __m256i wq[8], minus[2], scale[2];
         for (int half = 0; half < 2; ++half) {
             minus[half] = _mm256_setzero_si256();
@@ -1054,7 +1058,7 @@ inline void q6k_one_vnni(const QuantRows256 xq, int K, const Q6KWeights w, const
             }
             scale[half] = half_scales32(sc16, half);
         }
-        const float d = w.d[(int64_t)n * S + sb];
+        const float d = w.d[sb];
         for (int m = 0; m < M; ++m) {
             const int8_t *x = xq.codes + m * (int64_t)K + sb * SUPER;
             __m256i i32 = _mm256_setzero_si256();
@@ -1352,16 +1356,16 @@ QuantRows256 rows_from(const QuantRows256 &q, int m0, int K) {
             q.low32 ? q.low32 + m0 * (int64_t)(K / 8) : nullptr};
 }
 
-// Output feature n of rows whose codes (kernel order) start at row, as the 256-bit builds
-// compute it (q6k_one_vnni with VNNI, else q6k_few or q6k_many: see q4k_many).
+// Output feature n, whose arrays are w, as the 256-bit builds compute it (q6k_one_vnni
+// with VNNI, else q6k_few or q6k_many: see q4k_many).
 template <int M>
-inline void q6k_one_256(const QuantRows256 xq, int K, const Q6KWeights w, const int8_t *row,
-                        const float *bias, float *y, int N, int n) {
+inline void q6k_one_256(const QuantRows256 xq, int K, const Q6KRow w, const float *bias,
+                        float *y, int N, int n) {
 #if ANVE_VNNI
-    q6k_one_vnni<M>(xq, K, w, row, bias, y, N, n);
+    q6k_one_vnni<M>(xq, K, w, bias, y, N, n);
 #else
-    if constexpr (M <= FEW) q6k_few<M>(xq, K, w, row, bias, y, N, n);
-    else q6k_many<M>(xq, K, w, row, bias, y, N, n);
+    if constexpr (M <= FEW) q6k_few<M>(xq, K, w, bias, y, N, n);
+    else q6k_many<M>(xq, K, w, bias, y, N, n);
 #endif
 }
 
@@ -1372,7 +1376,9 @@ void q6k_rows(const QuantRows256 xq, int K, const Q6KWeights w, const float *bia
 #if ANVE_AVX512
         q6k_one_512<M>(xq, K, w, bias, y, N, n);
 #else
-        q6k_one_256<M>(xq, K, w, w.q + (int64_t)n * K, bias, y, N, n);
+        const Q6KRow row = {w.q + (int64_t)n * K, w.sc + (int64_t)n * (K / 16),
+                            w.d + (int64_t)n * (K / SUPER)};
+        q6k_one_256<M>(xq, K, row, bias, y, N, n);
 #endif
     }
 }
@@ -1381,20 +1387,22 @@ void q6k_rows(const QuantRows256 xq, int K, const Q6KWeights w, const float *bia
 //
 // The same weights as q6k with each code in 6 bits instead of a byte: 192 bytes of codes
 // per super-block against 256, a quarter less to read where one row's pass is bound by
-// memory. Per super-block, u = code + 32 (0..63) of its 256 codes in Q6P_ORDER (kernel
-// order vectors 0, 2, 1, 3, 4, 6, 5, 7: the order the AVX-512 loop pairs them in):
-// byte j < 128 holds u[j] & 15 in its low nibble and u[j + 128] & 15 in its high one;
-// byte 128 + j (j < 64) holds the top two bits of u[j], u[j + 64], u[j + 128] and
-// u[j + 192] in its bit pairs 0-1, 2-3, 4-5 and 6-7. Every build computes exactly q6k's
-// integers and float steps from them: the same bits as q6k.
+// memory. A super-block is one block of Q6P_BLOCK bytes, the GGUF's 210, so that a
+// feature reads one stream (separate arrays of scales and d cost the one-row step several
+// per cent on Zen 4). Its first 192 bytes: u = code + 32 (0..63) of its 256 codes in
+// Q6P_ORDER (kernel order vectors 0, 2, 1, 3, 4, 6, 5, 7: the order the AVX-512 loop
+// pairs them in); byte j < 128 holds u[j] & 15 in its low nibble and u[j + 128] & 15 in
+// its high one; byte 128 + j (j < 64) holds the top two bits of u[j], u[j + 64],
+// u[j + 128] and u[j + 192] in its bit pairs 0-1, 2-3, 4-5 and 6-7. Then its 16 int8
+// scales and its d as float16. Every build computes exactly q6k's integers and float
+// steps from them: the same bits as q6k.
 struct Q6KPWeights {
-    const uint8_t *q;  // [N, K * 3 / 4], per super-block Q6P_BYTES as above
-    const int8_t *sc;  // [N, K / 16]
-    const float *d;    // [N, K / 256]
+    const uint8_t *q;  // [N, K / 256 * Q6P_BLOCK]
 };
 
-constexpr int Q6P_BYTES = SUPER * 3 / 4;
-constexpr int Q6P_AHEAD = 8 * Q6P_BYTES;  // bytes of codes the loops prefetch: 8 super-blocks
+constexpr int Q6P_BYTES = SUPER * 3 / 4;  // the codes of a block
+constexpr int Q6P_BLOCK = Q6P_BYTES + 16 + 2;  // codes, scales, d
+constexpr int Q6P_AHEAD = 8 * Q6P_BLOCK;  // bytes the loops prefetch ahead: 8 super-blocks
 constexpr int Q6P_ORDER[8] = {0, 2, 1, 3, 4, 6, 5, 7};  // kernel vector of each 32 bytes of u
 
 // The 256 codes (-32..31, kernel order, as q6k holds them) of the packed super-block p.
@@ -1434,10 +1442,9 @@ inline void q6kp_one_512(const QuantRows256 xq, int K, const Q6KPWeights w, cons
     for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
     for (int sb = 0; sb < S; ++sb) {
         const int64_t at = (int64_t)n * S + sb;
-        const uint8_t *p = w.q + at * Q6P_BYTES;
-        prefetch((const char *)p + Q6P_AHEAD, Q6P_BYTES);
-        prefetch((const char *)(w.sc + 16 * at) + Q6P_AHEAD / 12, 1);
-        const __m128i sc16 = _mm_loadu_si128((const __m128i *)(w.sc + 16 * at));
+        const uint8_t *p = w.q + at * Q6P_BLOCK;
+        prefetch((const char *)p + Q6P_AHEAD, Q6P_BLOCK);
+        const __m128i sc16 = _mm_loadu_si128((const __m128i *)(p + Q6P_BYTES));
         const __m512i l0 = _mm512_loadu_si512((const void *)p);
         const __m512i l1 = _mm512_loadu_si512((const void *)(p + 64));
         const __m512i h = _mm512_loadu_si512((const void *)(p + 128));
@@ -1460,7 +1467,7 @@ inline void q6kp_one_512(const QuantRows256 xq, int K, const Q6KPWeights w, cons
                     _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, wq[2 * half]), flip,
                     wq[2 * half + 1]));
         }
-        const float d = w.d[at];
+        const float d = half_at(p + Q6P_BYTES + 16);
         for (int m = 0; m < M; ++m) {
             __m512i dots[2];
             if constexpr (M > Q6P_LOW_ROWS) {
@@ -1497,14 +1504,20 @@ void q6kp_rows(const QuantRows256 xq, int K, const Q6KPWeights w, const float *b
 #if ANVE_AVX512
     for (int n = n0; n < n1; ++n) q6kp_one_512<M>(xq, K, w, bias, y, N, n);
 #else
-    // the 256-bit builds unpack a feature's codes into q6k's form and run q6k's loop
-    thread_local std::vector<int8_t> row;
-    row.resize((size_t)K);
-    const Q6KWeights as_q6k = {row.data(), w.sc, w.d};
+    // the 256-bit builds unpack a feature into q6k's arrays and run q6k's loop
+    const int S = K / SUPER;
+    thread_local std::vector<int8_t> codes, scales;
+    thread_local std::vector<float> ds;
+    codes.resize((size_t)K), scales.resize((size_t)K / 16), ds.resize((size_t)S);
+    const Q6KRow row = {codes.data(), scales.data(), ds.data()};
     for (int n = n0; n < n1; ++n) {
-        for (int sb = 0; sb < K / SUPER; ++sb)
-            unpack_q6p(w.q + ((int64_t)n * (K / SUPER) + sb) * Q6P_BYTES, row.data() + sb * SUPER);
-        q6k_one_256<M>(xq, K, as_q6k, row.data(), bias, y, N, n);
+        for (int sb = 0; sb < S; ++sb) {
+            const uint8_t *p = w.q + ((int64_t)n * S + sb) * Q6P_BLOCK;
+            unpack_q6p(p, codes.data() + sb * SUPER);
+            memcpy(scales.data() + 16 * sb, p + Q6P_BYTES, 16);
+            ds[sb] = half_at(p + Q6P_BYTES + 16);
+        }
+        q6k_one_256<M>(xq, K, row, bias, y, N, n);
     }
 #endif
 }
@@ -1928,8 +1941,7 @@ void part_tile(const Part &p, int M, int K, const QuantRows &r32, const QuantRow
             DISPATCH(q6k_rows, xq, K, w, p.bias, out, N, n0, n1)
         } else {
             const QuantRows256 xq = rows_from(r256, m0, K);
-            const Q6KPWeights w = {(const uint8_t *)p.w[0], (const int8_t *)p.w[1],
-                                   (const float *)p.w[2]};
+            const Q6KPWeights w = {(const uint8_t *)p.w[0]};
             DISPATCH(q6kp_rows, xq, K, w, p.bias, out, N, n0, n1)
         }
         m0 += mm;
