@@ -357,6 +357,28 @@ def test_writing_a_cache_removes_the_same_builds_older_formats(tmp_path: Path) -
     assert all(f.read_bytes() == b"old" for f in kept)
 
 
+def test_a_cache_of_either_q6_k_form_replaces_both_forms_older_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A machine whose kernels moved to q6kp leaves no older cache of the byte form behind
+    (nor the other way round); the other form's current file stays."""
+    if not kernels.available():
+        pytest.skip("native kernels need AVX2, FMA, F16C and a C++ compiler")
+    model, path = gguf_model(tmp_path)
+    folder = tmp_path / "accelerated"
+    forms = {f: cache_path(folder, "int4+int8", torch.float32, True, q6k_form=f)
+             for f in ("q6k", "q6kp")}
+    folder.mkdir()
+    older = [p.with_name(p.name.replace(f"-v{CACHE_FORMAT}.", f"-v{CACHE_FORMAT - 1}."))
+             for p in forms.values()]
+    for file in [*older, forms["q6k"]]:
+        file.write_bytes(b"old")
+    monkeypatch.setattr(kernels, "q6k_form", lambda: "q6kp")
+    accelerate(model, path, "int4+int8", cache_dir=folder, native=True)
+    assert forms["q6kp"].is_file() and not any(f.exists() for f in older)
+    assert forms["q6k"].read_bytes() == b"old"
+
+
 def test_a_cache_that_does_not_fit_is_rebuilt(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -181,18 +181,21 @@ def _source_tag(gguf_path: Path) -> str:
     return f"{gguf_path.name}:{gguf_path.stat().st_size}"
 
 
-def _drop_older_formats(path: Path) -> None:
-    """Delete this build's caches of earlier formats: never read again, each the size of
-    the model's weights (a gigabyte or two left behind by every update otherwise)."""
-    stem, _, _ = path.stem.rpartition("-v")
-    for old in path.parent.glob(f"{stem}-v*.safetensors"):
-        version = old.stem.rpartition("-v")[2]
-        if old != path and version.isdigit() and int(version) < CACHE_FORMAT:
-            old.unlink(missing_ok=True)
-            log.info("removed the outdated cache %s", old)
+def _drop_older_formats(paths: list[Path]) -> None:
+    """Delete the caches of earlier formats of this build, ``paths`` being its current
+    files (one per form of the Q6_K tensors): never read again, each the size of the
+    model's weights (a gigabyte or two left behind by every update otherwise)."""
+    for path in paths:
+        stem, _, _ = path.stem.rpartition("-v")
+        for old in path.parent.glob(f"{stem}-v*.safetensors"):
+            version = old.stem.rpartition("-v")[2]
+            if old not in paths and version.isdigit() and int(version) < CACHE_FORMAT:
+                old.unlink(missing_ok=True)
+                log.info("removed the outdated cache %s", old)
 
 
-def _save_cache(path: Path, layers: dict[str, nn.Module], source: str) -> None:
+def _save_cache(path: Path, layers: dict[str, nn.Module], source: str,
+                siblings: list[Path]) -> None:
     """Write the quantized layers' buffers atomically; dense layers are not stored."""
     kinds = {n: type(m).__name__ for n, m in layers.items() if type(m).__name__ in _QUANT_LAYERS}
     tensors = {f"{n}.{b}": t.contiguous() for n in kinds for b, t in layers[n].named_buffers()}
@@ -200,7 +203,7 @@ def _save_cache(path: Path, layers: dict[str, nn.Module], source: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     save_file(tensors, str(tmp), metadata={"kinds": json.dumps(kinds), "source": source})
     os.replace(tmp, path)
-    _drop_older_formats(path)
+    _drop_older_formats([path, *siblings])
     log.info("cached %d converted layers in %s", len(kinds), path)
 
 
@@ -273,7 +276,9 @@ def _convert(
         for n, m in linears.items()
     }
     if path is not None:
-        _save_cache(path, layers, source)
+        siblings = [cache_path(cache_dir, mode, dtype, native, requantize, form)
+                    for form in ("q6k", "q6kp") if form != q6k_form] if cache_dir else []
+        _save_cache(path, layers, source, siblings)
     return layers
 
 
