@@ -41,6 +41,27 @@ def test_a_run_becomes_one_line_between_the_markers_and_the_rest_stays(tmp_path:
     assert render(out, tmp_path) == out  # regenerating changes nothing
 
 
+def test_a_kernel_a_b_line_gives_each_variant_against_llama_cpp_where_it_ran(
+    tmp_path: Path,
+) -> None:
+    meta = {"date": "2026-12-07 15:00", "machine": "AMD EPYC, 2 threads", "cpu_flags": ["avx2"],
+            "command": "python -m engine.bench --kernels-only"}
+    ours = {"t": {"1": 0.030, "4": 0.048, "8": 0.075}, "prompt_ms_per_token": 8.0}
+    peer = {"t": {"1": 0.033}, "prompt_ms_per_token": 10.0}
+    old_peer = {"t": {}, "prompt_ms_per_token": 10.0}  # runs before the peer decoded
+    for name, llama in (("kernels-appliance-20261207-1500.json", peer),
+                        ("kernels-appliance-20261207-1400.json", old_peer)):
+        (tmp_path / name).write_text(json.dumps({
+            "meta": meta, "running": "avx512", "kernel_gmac_s": {},
+            "models": {"m": {"avx512": ours, "llama.cpp": llama}}}))
+    lines = render(DOC, tmp_path).splitlines()
+    new = next(line for line in lines if line.startswith("  - m:") and "decoding" in line)
+    assert new == ("  - m: avx512 t(1) 30.0 ms, t(4)/t(1) t(8)/t(1) 1.60 2.50, decoding 1.10× "
+                   "llama.cpp, prompt 1.25× llama.cpp")
+    assert sum(line.startswith("  - m: avx512 t(1) 30.0 ms, t(4)/t(1) t(8)/t(1) 1.60 2.50, "
+                               "prompt 1.25×") for line in lines) == 1
+
+
 def test_a_held_out_check_gets_its_line(tmp_path: Path) -> None:
     meta = {"date": "2026-12-03 22:00", "machine": "AMD EPYC, 2 threads", "cpu_flags": ["avx2"],
             "command": "python -m engine.tools.heldout --rounds 2", "prompts": 8, "rounds": 2,

@@ -84,6 +84,7 @@ def _kernels_line(data: dict[str, Any]) -> str:
     parts = []
     for model, variants in data["models"].items():
         peer = (variants.get("llama.cpp") or {}).get("prompt_ms_per_token")
+        peer_t1 = ((variants.get("llama.cpp") or {}).get("t") or {}).get("1")
         each = []
         for name, costs in variants.items():
             t = costs.get("t") or {}
@@ -91,9 +92,10 @@ def _kernels_line(data: dict[str, Any]) -> str:
                 continue
             ratios = " ".join(f"{t[k] / t['1']:.2f}" for k in ("4", "8") if k in t)
             prompt = costs.get("prompt_ms_per_token")
+            decode = f", decoding {peer_t1 / t['1']:.2f}× llama.cpp" if peer_t1 else ""
             versus = f", prompt {peer / prompt:.2f}× llama.cpp" if peer and prompt else ""
             each.append(f"{name} t(1) {t['1'] * 1000:.1f} ms, t(4)/t(1) t(8)/t(1) {ratios}"
-                        f"{versus}")
+                        f"{decode}{versus}")
         parts.append(f"\n  - {model}: " + "; ".join(each))
     return f"running {data.get('running')}" + "".join(parts)
 
