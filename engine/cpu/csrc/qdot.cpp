@@ -1080,6 +1080,23 @@ inline void q6k_one_vnni(const QuantRows256 xq, int K, const Q6KRow w, const flo
 #endif
 
 #if ANVE_AVX512
+// A row's running sum after one Q6_K super-block, from its two halves' [16] int32 sums
+// (exact in float32: |sum * sc| < 2^23, and the halves join exactly) and d * dx. The
+// q6k and q6kp loops share it: the same float steps, the same bits.
+inline __m512 q6k_fold_512(const __m512i (&dots)[2], const __m512 (&scale)[2], float d_dx,
+                           __m512 acc) {
+    const __m512 both = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[1]), scale[1],
+                                        _mm512_mul_ps(_mm512_cvtepi32_ps(dots[0]), scale[0]));
+    return _mm512_fmadd_ps(both, _mm512_set1_ps(d_dx), acc);
+}
+
+// y[m, n] = the sum of row m's lanes + bias[n].
+template <int M>
+inline void put_rows_512(const __m512 (&acc)[M], const float *bias, float *y, int N, int n) {
+    const float b = bias ? bias[n] : 0.0f;
+    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = _mm512_reduce_add_ps(acc[m]) + b;
+}
+
 // q6k on 512-bit vectors: the weight vectors paired as the activations are stored,
 // (0, 2), (1, 3), (4, 6), (5, 7) (slot), against the flipped activations (x + 128,
 // unsigned) stored once per call, so each half's sums cost two vpdpbusd per row; each
@@ -1122,13 +1139,10 @@ inline void q6k_one_512(const QuantRows256 xq, int K, const Q6KWeights w, const 
                 dots[half] = _mm512_dpbusd_epi32(dots[half],
                     _mm512_loadu_si512((const void *)(x + 128 * half + 64)), wq[2 * half + 1]);
             }
-            const __m512 both = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[1]), scale[1], _mm512_mul_ps(
-                _mm512_cvtepi32_ps(dots[0]), scale[0]));
-            acc[m] = _mm512_fmadd_ps(both, _mm512_set1_ps(d * xq.scale[(int64_t)m * S + sb]), acc[m]);
+            acc[m] = q6k_fold_512(dots, scale, d * xq.scale[(int64_t)m * S + sb], acc[m]);
         }
     }
-    const float b = bias ? bias[n] : 0.0f;
-    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = _mm512_reduce_add_ps(acc[m]) + b;
+    put_rows_512(acc, bias, y, N, n);
 }
 #endif
 
@@ -1488,13 +1502,10 @@ inline void q6kp_one_512(const QuantRows256 xq, int K, const Q6KPWeights w, cons
                         _mm512_loadu_si512((const void *)(x + 128 * half + 64)));
                 }
             }
-            const __m512 both = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[1]), scale[1], _mm512_mul_ps(
-                _mm512_cvtepi32_ps(dots[0]), scale[0]));
-            acc[m] = _mm512_fmadd_ps(both, _mm512_set1_ps(d * xq.scale[(int64_t)m * S + sb]), acc[m]);
+            acc[m] = q6k_fold_512(dots, scale, d * xq.scale[(int64_t)m * S + sb], acc[m]);
         }
     }
-    const float b = bias ? bias[n] : 0.0f;
-    for (int m = 0; m < M; ++m) y[(int64_t)m * N + n] = _mm512_reduce_add_ps(acc[m]) + b;
+    put_rows_512(acc, bias, y, N, n);
 }
 #endif
 
