@@ -12,7 +12,7 @@ from torch import nn
 
 from engine.cpu import kernels
 from engine.cpu.gguf import decode_int4, decode_q6_k
-from engine.cpu.layers import Int8Linear, Q4KLinear, Q4Linear, Q6KLinear, Q8Linear
+from engine.cpu.layers import Int8Linear, Q4KLinear, Q4Linear, Q6KLinear, Q6KPLinear, Q8Linear
 from engine.models.loading import LoadedModel
 from engine.spec.decoding import decode
 from engine.spec.drafters import vocab as vocab_mod
@@ -96,11 +96,12 @@ def quantized(kind: str) -> tuple[nn.Module, int]:
     if kind == "q4k":
         return Q4KLinear.from_groups(decode_int4(q4_k_blocks(VOCAB, k), QuantType.Q4_K, VOCAB, k),
                                      torch.randn(VOCAB)), k
-    return Q6KLinear.from_blocks(decode_q6_k(q6_k_blocks(VOCAB, k), VOCAB, k)), k
+    blocks = decode_q6_k(q6_k_blocks(VOCAB, k), VOCAB, k)
+    return (Q6KPLinear if kind == "q6kp" else Q6KLinear).from_blocks(blocks), k
 
 
 @NATIVE
-@pytest.mark.parametrize("kind", ["q4", "q8", "q4k", "q6k"])
+@pytest.mark.parametrize("kind", ["q4", "q8", "q4k", "q6k", "q6kp"])
 def test_quantized_heads_give_the_same_rows_bit_for_bit(kind: str) -> None:
     layer, hidden = quantized(kind)
     check(layer, exact=True, hidden=hidden)

@@ -32,6 +32,9 @@ Contract of the layers (each replaces one ``nn.Linear``; input ``[..., K]``, out
   integer arithmetic. :class:`Q4KLinear` and :class:`Q6KLinear` hold Q4_K and Q6_K
   tensors exactly (their integer scales, the GGUF's float16 ``d``) and round activations per 256
   inputs, as llama.cpp's K-quant dot products do; fewer instructions per row.
+  :class:`Q6KPLinear` holds the same Q6_K weights with 6-bit codes (the GGUF's bytes) and
+  gives :class:`Q6KLinear`'s bits; which of the two a model loads is the kernel
+  variant's choice (:func:`kernels.q6k_form`).
 
 Row independence: the four quantized layers give each output row the same bits
 whatever the number of rows (their kernels reduce each row on its own);
