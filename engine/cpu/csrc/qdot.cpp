@@ -544,6 +544,11 @@ inline int64_t tile_rows(int m, int sb, int g, int K) {
 }
 #endif
 
+// Rows up to which q6kp's 512-bit loop takes its unsigned codes against slotted and low32
+// (more rows: q6k's arithmetic on the flipped codes, where the extra arrays would crowd
+// L1; the ways measured best on Zen 4, docs/kernels.md).
+constexpr int Q6P_LOW_ROWS = 4;
+
 // (packed6: fill slotted and low32 too, for the q6kp loop of AVX-512.)
 void quantize_rows_256(const float *x, int M, int K, QuantRows256 q, bool packed6) {
     const int S = K / SUPER;
@@ -607,19 +612,22 @@ struct Q4KWeights {
 // GGUF's own); a lone last super-block's partner fields zero. One stream beside the codes
 // (a stream for each of sc, mn, d and dmin cost the one-row step 5-8 % on Zen 4).
 constexpr int Q4K_META = 40;
+constexpr int Q4K_MN = 16, Q4K_D = 32, Q4K_DMIN = 36;  // where a record's fields start
 
 inline const uint8_t *q4k_record(const Q4KWeights &w, int64_t n, int S, int sb) {
     return w.meta + (n * ((S + 1) / 2) + sb / 2) * Q4K_META;
 }
 inline const uint8_t *q4k_sc(const uint8_t *record, int sb) { return record + (sb & 1) * 8; }
-inline const uint8_t *q4k_mn(const uint8_t *record, int sb) { return record + 16 + (sb & 1) * 8; }
+inline const uint8_t *q4k_mn(const uint8_t *record, int sb) { return record + Q4K_MN + (sb & 1) * 8; }
 inline float half_at(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
     return _cvtsh_ss(h);
 }
-inline float q4k_d(const uint8_t *record, int sb) { return half_at(record + 32 + (sb & 1) * 2); }
-inline float q4k_dmin(const uint8_t *record, int sb) { return half_at(record + 36 + (sb & 1) * 2); }
+inline float q4k_d(const uint8_t *record, int sb) { return half_at(record + Q4K_D + (sb & 1) * 2); }
+inline float q4k_dmin(const uint8_t *record, int sb) {
+    return half_at(record + Q4K_DMIN + (sb & 1) * 2);
+}
 // How far ahead the loops ask for the records: as many super-blocks as their codes' distance.
 constexpr int q4k_meta_ahead(int code_bytes) { return code_bytes / (SUPER / 2) * (Q4K_META / 2); }
 
@@ -776,10 +784,10 @@ inline __m512i join_halves(__m512i a, __m512i b) {
 // mins = float(mn_g) * dmin.
 inline void q4k_factors(const uint8_t *record, __m512 &scd, __m512 &mins) {
     // [d of sb, d of sb + 1, dmin of sb, dmin of sb + 1]
-    const __m512 dd = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(record + 32))));
+    const __m512 dd = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(record + Q4K_D))));
     const __m512i first = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     scd = _mm512_mul_ps(bytes16(record), _mm512_permutexvar_ps(first, dd));
-    mins = _mm512_mul_ps(bytes16(record + 16),
+    mins = _mm512_mul_ps(bytes16(record + Q4K_MN),
                          _mm512_permutexvar_ps(_mm512_add_epi32(first, _mm512_set1_epi32(2)), dd));
 }
 
@@ -1275,9 +1283,9 @@ void q4k_amx(const QuantRows256 xq, int M, int K, const Q4KWeights w, const floa
         const uint8_t *record = q4k_record(w, n0, S, sb);
         // the float16 d (dmin) of both super-blocks of the pair per feature, this one's taken
         const __m512i dd = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, by_record,
-                                                       (const void *)(record + 32), 1);
+                                                       (const void *)(record + Q4K_D), 1);
         const __m512i mm = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, by_record,
-                                                       (const void *)(record + 36), 1);
+                                                       (const void *)(record + Q4K_DMIN), 1);
         const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16 * (sb & 1))));
         const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(mm, 16 * (sb & 1))));
         for (int h = 0; h < 2; ++h) {
@@ -1444,9 +1452,6 @@ inline void unpack_q6p(const uint8_t *p, int8_t *out) {
 // each row's lanes start from -32 times the sum of their activations (low32), so a half's
 // two vpdpbusd leave sum x * (u - 32), q6k_one_512's very integers, with no work on the
 // weights' own sum; its float steps follow unchanged.
-#ifndef Q6P_LOW_ROWS
-#define Q6P_LOW_ROWS 4
-#endif
 template <int M>
 inline void q6kp_one_512(const QuantRows256 xq, int K, const Q6KPWeights w, const float *bias,
                          float *y, int N, int n) {
@@ -1976,7 +1981,7 @@ void anve_linear_parts(const float *x, int M, int K, int n_parts, const Part *pa
         const bool coarse = form == FORM_Q4K || form == FORM_Q6K || form == FORM_Q6KP;
         per256 |= coarse;
         per32 |= !coarse;
-        packed6 |= form == FORM_Q6KP;
+        packed6 |= form == FORM_Q6KP && M <= Q6P_LOW_ROWS;  // (a pass holds M rows then)
         tiles += tiles_of(parts[i]);
     }
     Scratch s32(per32 ? M : 0, K), s256(per256 ? M : 0, K);
