@@ -162,6 +162,13 @@ def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(parent, child, module)
 
 
+def _q6k_form(native: bool, requantize: bool, asked: str | None = None) -> str:
+    """The form Q6_K tensors convert to: ``asked``, else the running variant's
+    (:func:`kernels.q6k_form`), on our kernels; ``q6k`` where none converts to a Q6_K
+    form (torch's kernels, or a draft's tensors rounded to 4 bits)."""
+    return (asked or kernels.q6k_form()) if native and not requantize else "q6k"
+
+
 def cache_path(cache_dir: Path, mode: str, weight_dtype: torch.dtype, native: bool = False,
                requantize: bool = False, q6k_form: str | None = None) -> Path:
     """Where the converted layers of ``mode`` are cached (one file per build, and per form
@@ -170,7 +177,7 @@ def cache_path(cache_dir: Path, mode: str, weight_dtype: torch.dtype, native: bo
     capability = torch.backends.cpu.get_cpu_capability().lower()
     dtype = str(weight_dtype).removeprefix("torch.")
     kind = ("-native" if native else "") + ("-requantized" if native and requantize else "")
-    form = (q6k_form or kernels.q6k_form()) if native and not requantize else "q6k"
+    form = _q6k_form(native, requantize, q6k_form)
     kind += f"-{form}" if form != "q6k" else ""
     tag = f"{mode.replace('+', '-')}{kind}-{dtype}-torch{torch.__version__}-{capability}"
     return Path(cache_dir) / f"accelerated-{tag}-v{CACHE_FORMAT}.safetensors"
@@ -262,7 +269,7 @@ def _convert(
     dtype = next(iter(linears.values())).weight.dtype if linears else torch.float32
     use_cache = cache_dir is not None and quantized and gguf_path is not None
     path = None
-    q6k_form = kernels.q6k_form() if native else "q6k"
+    q6k_form = _q6k_form(native, requantize)
     if use_cache and cache_dir:
         path = cache_path(cache_dir, mode, dtype, native, requantize, q6k_form)
     source = _source_tag(gguf_path) if use_cache and gguf_path else ""
@@ -276,8 +283,9 @@ def _convert(
         for n, m in linears.items()
     }
     if path is not None:
+        others = {v.q6k_form for v in kernels.VARIANTS} - {q6k_form}  # other variants' files
         siblings = [cache_path(cache_dir, mode, dtype, native, requantize, form)
-                    for form in ("q6k", "q6kp") if form != q6k_form] if cache_dir else []
+                    for form in sorted(others)] if cache_dir else []
         _save_cache(path, layers, source, siblings)
     return layers
 
