@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import DynamicCache
+from transformers import AutoTokenizer, DynamicCache
 
 from engine.cpu import Stack
 from engine.heads import answers, train
@@ -366,9 +366,88 @@ def test_invented_questions_are_answered_resumed_and_not_mixed(tiny_folder: Path
         answers.main([*common[:-1], "4", "--prompts", "6"])
     with pytest.raises(SystemExit, match="add --invent"):
         answers.main([*[a for a in common if a != "--invent"][:-2], "--prompts", "6"])
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match="without labels"):
         answers.main([a for a in common if a != "--text-only"])
     assert len(text.read_text().splitlines()) == 5  # nothing lost or added by the refusals
+
+
+def test_invented_questions_answered_with_labels_resume_after_a_stop(tiny_folder: Path,
+                                                                    tmp_path: Path) -> None:
+    data = tmp_path / "labelled"
+    common = ["--target", str(tiny_folder), "--out", str(data), "--max-tokens", "4",
+              "--question-tokens", "6", "--invent", "--seed", "3", "--save-every", "2"]
+    assert answers.main([*common, "--prompts", "4", "--batch", "3"]) == 0
+    text = data.with_name(data.name + ".jsonl")
+    chats = [json.loads(line) for line in text.read_text().splitlines()]
+    records = answers.load_records(data)
+    assert [c["prompt"] for c in chats] == [0, 1, 2, 3] and len(records) == 4
+    plain = tmp_path / "plain"  # the same questions as --text-only writes them
+    assert answers.main([*common[:3], str(plain), *common[4:], "--prompts", "4",
+                         "--text-only"]) == 0
+    lines = plain.with_name("plain.jsonl").read_text().splitlines()
+    assert [json.loads(line)["messages"] for line in lines] == [c["messages"] for c in chats]
+    tok = AutoTokenizer.from_pretrained(tiny_folder)
+    for chat, record in zip(chats, records, strict=True):
+        prompt = answers.prompt_ids(tok, chat["messages"][:1])
+        assert record.ids[: len(prompt)].tolist() == prompt  # the question, then its answer
+        assert len(record.hidden) == len(record.ids) == len(record.top_ids)
+    # a stop between writing the text and saving the records leaves a line too many
+    text.write_text(text.read_text() + json.dumps(chats[3] | {"prompt": 4}) + "\n")
+    assert answers.main([*common, "--prompts", "6", "--batch", "2"]) == 0
+    again = [json.loads(line) for line in text.read_text().splitlines()]
+    assert [c["prompt"] for c in again] == [0, 1, 2, 3, 4, 5]
+    assert again[:4] == chats and len(answers.load_records(data)) == 6
+    text.write_text("\n".join(text.read_text().splitlines()[:3]) + "\n")
+    with pytest.raises(SystemExit, match="3 conversations for 6 answers"):
+        answers.main([*common, "--prompts", "7"])
+
+
+@pytest.mark.parametrize("native", NATIVE)
+def test_continuous_batching_refills_slots_and_keeps_each_generation(
+        tmp_path: Path, native: bool) -> None:
+    target = accelerated(tmp_path, "qwen2", native)
+    vocab = int(target.config.vocab_size)
+    prompts = [[3, 9, 4], [5, 1], [8, 30, 2, 2, 41], [vocab - 1], [7, 7], [12, 40, 3]]
+    limits = [3, 9, 1, 6, 2, 5]  # slots free at different steps
+    alone = [answers.answer(ModelRunner(target), p, n, frozenset(), top_k=4)
+             for p, n in zip(prompts, limits, strict=True)]
+    steps: list[int] = []
+    forward = ModelRunner(target).model_forward
+    step_many = type(forward).step_many
+
+    def counted(self: object, seqs: list, *args: object, **kwargs: object) -> object:
+        steps.append(len(seqs))
+        return step_many(self, seqs, *args, **kwargs)
+
+    def task(n: int):  # two generations, the second continuing the first's answer
+        record, ids = yield answers.Ask(prompts[n], limits[n])
+        _, more = yield answers.Ask(prompts[n] + ids, 2, labels=False)
+        return record, ids, more
+
+    reads: list[int] = []
+    runner_forward = ModelRunner.forward
+
+    def read(self: ModelRunner, new_ids: list[int], *args: object, **kwargs: object) -> object:
+        reads.append(len(new_ids))
+        return runner_forward(self, new_ids, *args, **kwargs)
+
+    runners = [ModelRunner(target) for _ in range(3)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(type(forward), "step_many", counted)
+        patch.setattr(ModelRunner, "forward", read)
+        done = dict(answers.run_tasks(runners, ((n, task(n)) for n in range(6)),
+                                      frozenset(), top_k=4))
+    assert sorted(done) == list(range(6))
+    for n, (one, one_ids) in enumerate(alone):
+        record, ids, more = done[n]
+        assert ids == one_ids and torch.equal(record.top_probs, one.top_probs)
+        assert torch.equal(record.hidden, one.hidden)
+        _, follow = answers.answer(ModelRunner(target), prompts[n] + ids, 2, frozenset(), 4)
+        assert more == follow
+    assert max(steps) == 3 and sum(steps) == sum(limits) + 6 * 2 - 12  # every row used once
+    assert steps[:-4].count(3) >= len(steps[:-4]) - 1  # full until the tasks run out
+    # a labelled ask reads its whole prompt; one without, what its slot's cache lacks
+    assert sorted(reads) == sorted([len(p) for p in prompts] + [1] * 6)
 
 
 def test_answers_to_the_end_of_the_list_are_all_written(tiny_folder: Path, tmp_path: Path,

@@ -8,21 +8,25 @@ plain loop on a :class:`~engine.spec.runner.ModelRunner`, so the answer is exact
 target's) and records, for every position of prompt + answer, the target's final normed
 hidden state and its top-``k`` next-token probabilities: the same labels
 :func:`engine.heads.train.extract` computes, taken from the run itself, so no second
-target pass is needed. :func:`answer_batch` answers several prompts together, one
-batched step per token for all of them (the weights read once for all; the same answers,
-bit for bit, where the forward runs natively). The command appends records to ``--out`` (a
+target pass is needed. :func:`run_tasks` runs several generations together, one batched
+step per token for all of them (the weights read once for all; the same answers, bit for
+bit, where the forward runs natively), a finished generation's place taken at once by the
+next (continuous batching); :func:`answer_batch` answers a list of prompts so. The
+command appends records to ``--out`` (a
 ``torch.save`` file, rewritten atomically every few answers, resumed by a rerun; with
 ``--skip N`` it starts at prompt ``N``) and the conversations as JSON lines to ``--out`` +
 ``.jsonl``; ``train --answers FILE`` trains on them. With ``--text-only`` only the
 conversations are written (each line names its prompt, and a rerun resumes after the last
 one): the way a cheaper model (the draft model) writes chats for teacher forcing
 (``train --conversations FILE.jsonl``), where its own labels would be of no use. With
-``--invent`` (and ``--text-only``) the model also writes the questions
+``--invent`` the model also writes the questions
 (:func:`invent_questions`, after Magpie: it continues its chat template where the user's
 message begins, at temperature 1 over its top-``k``, the questions opening with the
 ``OPENERS`` in turn, each drawn again, up to three times, when it is not mostly in Latin
 letters): varied prompts that no template makes, each reproducible from ``--seed`` and
-its index.
+its index. Without ``--text-only`` the target's answers to them come with their labels,
+as the listed prompts' do. Conversations finish out of order; both files hold them in
+prompt order, so a rerun resumes after the last one written.
 
 Why: EAGLE heads accept most on text like the target's own output (the head learns to
 predict the target, and the target's answers are what it drafts at run time); the
@@ -37,7 +41,7 @@ import pickle
 import random
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -225,6 +229,7 @@ class _Going:
     top_probs: list[torch.Tensor]
     hidden: list[torch.Tensor]  # [rows, H] per step
     generator: torch.Generator | None = None  # sampling (None: greedy)
+    limit: int = 1 << 30  # answer tokens at most
 
     def next_token(self) -> int:
         """The greedy token, or one drawn from the last step's top-k probabilities."""
@@ -240,53 +245,146 @@ class _Going:
                       torch.cat(self.top_probs).to(torch.float16)), self.answer
 
 
+@dataclass
+class Ask:
+    """One generation a task asks for: ``prompt`` continued up to ``max_tokens`` tokens (or
+    an end token), greedily or, with ``generator``, drawn from each step's top-k
+    probabilities (temperature 1). With ``labels`` the answer comes with its
+    :class:`Record` (features and top-k at every position); without, only the prompt's
+    last position goes through the output layer."""
+
+    prompt: list[int]
+    max_tokens: int
+    generator: torch.Generator | None = None
+    labels: bool = True
+
+
+Answered = tuple[Record | None, list[int]]  # what a task gets back for an Ask
+# a conversation of the command: kind, messages, the answer's record (None: text only), ids
+Finished = tuple[str, list[dict[str, str]], Record | None, list[int]]
+Task = Generator[Ask, Answered, Any]  # asks for generations, returns its result
+
+
 @torch.inference_mode()
+def run_tasks(runners: Sequence[ModelRunner], tasks: Iterable[tuple[int, Task]],
+              eos_ids: frozenset[int], top_k: int) -> Iterator[tuple[int, Any]]:
+    """Drive ``tasks`` (``(index, task)``, each a generator that yields :class:`Ask` and
+    returns its result) with continuous batching; yield ``(index, result)`` as tasks
+    finish, which need not be in their order.
+
+    Up to ``len(runners)`` generations run at once, each prompt filled by its own runner
+    (all on the same model); then every generation still going gets its next token from
+    one :meth:`~engine.cpu.forward.Forward.step_many` over all of them, so the weights are
+    read once per step for the whole batch. A slot whose generation ends takes its
+    task's next :class:`Ask`, or the next task, before the following step: the batch
+    stays full while tasks remain (a batch that waited for its longest answer ran most
+    of its steps on a few rows). An ask without labels reads only what its slot's cache
+    does not already hold of its prompt: a question drawn again, or answered, continues
+    the cache its drawing left, and the chat template's opening is read once per slot.
+    Each generation's numbers are bit for bit those of :func:`answer` (greedy) where the
+    forward runs natively, whatever runs beside it or ran before it in its slot.
+    """
+    if not runners:
+        raise ValueError("generating needs at least one runner")
+    model_forward = runners[0].model_forward
+    queue = iter(tasks)
+    slots: list[tuple[int, Task, _Going, bool] | None] = [None] * len(runners)
+
+    def draw(going: _Going) -> bool:
+        """Add the generation's next token; whether it goes on after it."""
+        token = going.next_token()
+        going.ids.append(token)
+        going.answer.append(token)
+        return token_goes_on(going.answer, eos_ids, going.limit)
+
+    def finish(n: int, going: _Going, labels: bool) -> Answered:
+        """What a finished generation gives its task; its slot's runner now names the ids
+        its cache holds (the batched steps grew the cache only)."""
+        runners[n].ids = going.ids[: len(going.cache)]
+        return going.record() if labels else (None, going.answer)
+
+    def settle(n: int, index: int, task: Task, sent: Answered | None
+               ) -> Iterator[tuple[int, Any]]:
+        """Give ``task`` what it asked for (nothing at its start) and fill slot ``n`` with
+        its next generation, its first token drawn, or with the next task's; yield the
+        tasks that finish meanwhile."""
+        while True:
+            try:
+                ask = task.send(sent) if sent is not None else next(task)
+            except StopIteration as done:
+                yield index, done.value
+                following = next(queue, None)
+                if following is None:
+                    slots[n] = None
+                    return
+                (index, task), sent = following, None
+                continue
+            runner, prompt = runners[n], list(ask.prompt)
+            if ask.labels:  # every position's labels: the whole prompt is read
+                runner.reset()
+                runner.keep_hidden(True)
+                new, rows = prompt, len(prompt)
+            else:  # what the slot's cache holds of the prompt is kept (its last id read)
+                runner.keep_hidden(False)
+                runner.truncate(min(runner.common_prefix(prompt), len(prompt) - 1))
+                new, rows = prompt[len(runner.ids):], 1
+            top_ids, top_probs = _top(runner.forward(new, rows=rows), top_k)  # [rows, K]
+            hidden = [runner.hidden] if ask.labels and runner.hidden is not None else []
+            going = _Going(runner.cache, list(ask.prompt), [], [top_ids], [top_probs], hidden,
+                           ask.generator, ask.max_tokens)
+            if draw(going):
+                slots[n] = (index, task, going, ask.labels)
+                return
+            sent = finish(n, going, ask.labels)
+
+    for n in range(len(runners)):
+        first = next(queue, None)
+        if first is None:
+            break
+        yield from settle(n, *first, None)
+    while any(slots):
+        active = [slot for slot in slots if slot is not None]
+        keep = any(labels for *_, labels in active)
+        outs = model_forward.step_many([([g.ids[-1]], g.cache) for _, _, g, _ in active],
+                                       keep=keep)
+        for (_, _, g, labels), (logits, hidden) in zip(active, outs, strict=True):
+            top_ids, top_probs = _top(logits, top_k)  # [1, K] each
+            g.top_ids.append(top_ids)
+            g.top_probs.append(top_probs)
+            if labels:
+                assert hidden is not None
+                g.hidden.append(hidden)
+        for n, slot in enumerate(slots):
+            if slot is None or draw(slot[2]):
+                continue
+            index, task, going, labels = slot
+            yield from settle(n, index, task, finish(n, going, labels))
+
+
+def _one(ask: Ask) -> Generator[Ask, Answered, Answered]:
+    """A task of one generation."""
+    return (yield ask)
+
+
 def answer_batch(runners: Sequence[ModelRunner], prompts: Sequence[list[int]], max_tokens: int,
                  eos_ids: frozenset[int], top_k: int,
                  generators: Sequence[torch.Generator] | None = None,
                  ) -> list[tuple[Record, list[int]]]:
-    """Greedy answers to several prompts at once, as :func:`answer` gives them one by one.
+    """Greedy answers to several prompts at once (:func:`run_tasks`), as :func:`answer`
+    gives them one by one, in the prompts' order.
 
     With ``generators`` (one per prompt) each token is drawn instead from that step's
     top-``top_k`` probabilities (temperature 1), with the prompt's own generator, so a
     prompt's continuation does not depend on the others in its batch.
-
-    Each prompt is filled by its own runner (one per prompt, all on the same model), then
-    every answer still going gets its next token from one
-    :meth:`~engine.cpu.forward.Forward.step_many` over all of them: the weights are read once
-    per step for the whole batch, and each answer's numbers are bit for bit :func:`answer`'s
-    where the forward runs natively (elsewhere each answer is stepped on its own).
     """
     if not runners or len(runners) < len(prompts):
         raise ValueError("batched answers need one runner per prompt")
     if generators is not None and len(generators) != len(prompts):
         raise ValueError("sampled answers need one generator per prompt")
-    model_forward = runners[0].model_forward
-    going = []
-    for n, (runner, prompt) in enumerate(zip(runners, prompts, strict=False)):
-        runner.reset()
-        runner.keep_hidden(True)
-        top_ids, top_probs = _top(runner.forward(prompt, rows=len(prompt)), top_k)  # [T, K]
-        assert runner.hidden is not None
-        going.append(_Going(runner.cache, list(prompt), [], [top_ids], [top_probs],
-                            [runner.hidden], None if generators is None else generators[n]))
-    active = list(going)
-    while active:
-        for a in active:
-            token = a.next_token()
-            a.ids.append(token)
-            a.answer.append(token)
-        active = [a for a in active if token_goes_on(a.answer, eos_ids, max_tokens)]
-        if not active:
-            break
-        outs = model_forward.step_many([([a.ids[-1]], a.cache) for a in active], keep=True)
-        for a, (logits, hidden) in zip(active, outs, strict=True):  # [1, V], [1, H]
-            top_ids, top_probs = _top(logits, top_k)
-            a.top_ids.append(top_ids)
-            a.top_probs.append(top_probs)
-            assert hidden is not None
-            a.hidden.append(hidden)
-    return [a.record() for a in going]
+    tasks = ((n, _one(Ask(list(p), max_tokens, None if generators is None else generators[n])))
+             for n, p in enumerate(prompts))
+    done = dict(run_tasks(runners, tasks, eos_ids, top_k))
+    return [done[n] for n in range(len(prompts))]
 
 
 # question i begins with OPENERS[i % len(OPENERS)]
@@ -310,6 +408,21 @@ def user_turn_prefix(tokenizer: Any) -> list[int]:
     return list(tokenizer.encode(text[: text.index(marker)], add_special_tokens=False))
 
 
+def question_task(start: list[int], index: int, seed: int, max_tokens: int,
+                  eos_ids: frozenset[int], keep: Callable[[list[int]], bool] = lambda _: True,
+                  tries: int = 3) -> Generator[Ask, Answered, list[int]]:
+    """A task (:func:`run_tasks`) that returns question ``index`` continuing ``start``, as
+    :func:`invent_questions` describes it."""
+    question: list[int] = []
+    for attempt in range(tries):
+        generator = torch.Generator().manual_seed((seed * 1_000_003 + index) * 31 + attempt)
+        _, ids = yield Ask(list(start), max_tokens, generator, labels=False)
+        question = [t for t in ids if t not in eos_ids]  # after the start
+        if keep(question):
+            break
+    return question
+
+
 def invent_questions(runners: Sequence[ModelRunner], starts: Sequence[list[int]],
                      eos_ids: frozenset[int], indices: Sequence[int], seed: int,
                      max_tokens: int, top_k: int,
@@ -323,21 +436,10 @@ def invent_questions(runners: Sequence[ModelRunner], starts: Sequence[list[int]]
     and on any rerun (given the same kernels); one that ``keep`` refuses is drawn again, up
     to ``tries`` draws (the last is kept). A question ends at an end token (dropped) or
     after ``max_tokens``."""
-    found: dict[int, list[int]] = {}
-    for attempt in range(tries):
-        todo = [n for n, i in enumerate(indices) if i not in found]
-        if not todo:
-            break
-        generators = [torch.Generator().manual_seed((seed * 1_000_003 + indices[n]) * 31
-                                                    + attempt) for n in todo]
-        written = answer_batch(runners, [starts[n] for n in todo], max_tokens, eos_ids, top_k,
-                               generators)
-        for n, (_, ids) in zip(todo, written, strict=True):
-            i = indices[n]
-            question = [t for t in ids if t not in eos_ids]  # after the start
-            if keep(question) or attempt == tries - 1:
-                found[i] = question
-    return [found[i] for i in indices]
+    tasks = ((n, question_task(starts[n], i, seed, max_tokens, eos_ids, keep, tries))
+             for n, i in enumerate(indices))
+    found = dict(run_tasks(runners, tasks, eos_ids, top_k))
+    return [found[n] for n in range(len(indices))]
 
 
 def mostly_latin(text: str, share: float = 0.95) -> bool:
@@ -395,7 +497,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--top-k", type=int, default=32)
     p.add_argument("--save-every", type=int, default=8)
     p.add_argument("--batch", type=int, default=8,
-                   help="answers generated together (1: one by one, exactly as plain decoding)")
+                   help="generations run together, a finished one's place taken at once by "
+                        "the next (1: one by one, exactly as plain decoding)")
     p.add_argument("--skip", type=int, default=0,
                    help="start at this prompt of the list (the head to fine-tune has seen those "
                         "before it)")
@@ -404,7 +507,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "written by another model, to be teacher-forced through the target")
     p.add_argument("--invent", action="store_true",
                    help="answer questions the model writes itself (Magpie) instead of the "
-                        "shipped list: varied prompts no template makes; with --text-only")
+                        "shipped list: varied prompts no template makes")
     p.add_argument("--question-tokens", type=int, default=160,
                    help="length limit of an invented question")
     p.add_argument("--seed", type=int, default=0, help="the invented questions' seed")
@@ -417,8 +520,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                 "--question-tokens must be positive")
     if args.skip < 0:
         p.error("--skip must not be negative")
-    if args.invent and not args.text_only:
-        p.error("--invent writes conversations only: add --text-only")
     return args
 
 
@@ -452,6 +553,29 @@ def check_source(path: Path, invent: bool, seed: int) -> None:
                          "with it, or write another file")
 
 
+def match_text(path: Path, records: int, invent: bool, seed: int) -> None:
+    """Make the conversations file ``path`` hold the conversations of an answers file's
+    ``records`` records: lines beyond them (written just before a run stopped, their
+    records not yet saved) are dropped, to be answered again. A file with fewer lines, or
+    lines and no records (text written by ``--text-only``), or of another source, is
+    refused."""
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True) if path.is_file() else []
+    if not lines and not records:
+        return
+    if not records:
+        raise SystemExit(f"{path} holds conversations without labels (--text-only): write "
+                         "another file, or add --text-only to extend it")
+    if lines:
+        check_source(path, invent, seed)
+    if len(lines) < records:
+        raise SystemExit(f"{path} holds {len(lines)} conversations for {records} answers: "
+                         "write another file")
+    if len(lines) > records:
+        path.write_text("".join(lines[:records]), encoding="utf-8")
+        log.info("dropped %d conversations of %s whose labels were not saved",
+                 len(lines) - records, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -470,55 +594,57 @@ def main(argv: list[str] | None = None) -> int:
         if records and first != args.skip:
             raise SystemExit(f"{args.out} holds answers from prompt {first} on: rerun with "
                              f"--skip {first} to extend it, or write another file")
+        match_text(text_path, len(records), args.invent, args.seed)
         start = args.skip + len(records)
     from engine.heads.train import load_target
 
     loaded = load_target(args.target, args.data_dir, args.accel)
     runners, tok = [ModelRunner(loaded.model) for _ in range(args.batch)], loaded.tokenizer
-    batched = args.batch > 1
     listed = [] if args.invent else prompts()
     end = args.skip + args.prompts if args.invent else min(args.skip + args.prompts, len(listed))
     prefix = user_turn_prefix(tok) if args.invent else []
+
+    def conversation(index: int) -> Generator[Ask, Answered, Finished]:
+        """Prompt ``index`` (invented first, with --invent) and the target's answer."""
+        if args.invent:
+            opened = tok.encode(OPENERS[index % len(OPENERS)], add_special_tokens=False)
+            question = yield from question_task(
+                prefix + opened, index, args.seed, args.question_tokens, loaded.eos_ids,
+                lambda q: mostly_latin(tok.decode(q, skip_special_tokens=True)))
+            kind, text = "invented", tok.decode(opened + question, skip_special_tokens=True).strip()
+        else:
+            kind, text = listed[index]
+        messages = [{"role": "user", "content": text}]
+        record, answer_ids = yield Ask(prompt_ids(tok, messages), args.max_tokens,
+                                       labels=not args.text_only)
+        return kind, messages, record, answer_ids
+
     started, tokens, answered = time.perf_counter(), 0, 0
     pending: list[str] = []  # conversations written with the records that hold them
+    finished: dict[int, Finished] = {}  # done, waiting for an earlier prompt to finish
+    written = start  # the next prompt to write: files hold a prefix of the prompts
+    tasks = ((i, conversation(i)) for i in range(start, end))
     with text_path.open("a", encoding="utf-8") as text:
-        for at in range(start, end, args.batch):
-            indices = range(at, min(at + args.batch, end))
-            if args.invent:
-                opened = [tok.encode(OPENERS[i % len(OPENERS)], add_special_tokens=False)
-                          for i in indices]
-                asked = invent_questions(
-                    runners, [prefix + o for o in opened], loaded.eos_ids, indices, args.seed,
-                    args.question_tokens, args.top_k,
-                    lambda q: mostly_latin(tok.decode(q, skip_special_tokens=True)))
-                chunk = [("invented", tok.decode(o + q, skip_special_tokens=True).strip())
-                         for o, q in zip(opened, asked, strict=True)]
-            else:
-                chunk = listed[at : indices.stop]
-            chats = [[{"role": "user", "content": prompt}] for _, prompt in chunk]
-            ids = [prompt_ids(tok, m) for m in chats]
-            if batched:
-                done = answer_batch(runners, ids, args.max_tokens, loaded.eos_ids, args.top_k)
-            else:
-                done = [answer(runners[0], one, args.max_tokens, loaded.eos_ids, args.top_k)
-                        for one in ids]
-            for n, ((kind, _), messages, (record, answer_ids)) in enumerate(
-                    zip(chunk, chats, done, strict=True)):
-                if not args.text_only:
+        for index, done in run_tasks(runners, tasks, loaded.eos_ids, args.top_k):
+            finished[index] = done
+            while written in finished:
+                kind, messages, record, answer_ids = finished.pop(written)
+                if record is not None:
                     records.append(record)
                 tokens += len(answer_ids)
                 reply = tok.decode(answer_ids, skip_special_tokens=True)
-                entry: dict[str, Any] = {"kind": kind, "prompt": at + n}
+                entry: dict[str, Any] = {"kind": kind, "prompt": written}
                 if args.invent:
                     entry["seed"] = args.seed
                 entry["messages"] = [*messages, {"role": "assistant", "content": reply}]
                 pending.append(json.dumps(entry, ensure_ascii=False))
-            answered += len(chunk)
-            if len(pending) >= args.save_every or indices.stop == end:
-                if not args.text_only:
-                    save_records(args.out, records, args.skip)
+                written += 1
+                answered += 1
+            if len(pending) >= args.save_every or (written == end and pending):
                 text.write("".join(line + "\n" for line in pending))
                 text.flush()
+                if not args.text_only:  # after the text: a crash between leaves extra lines
+                    save_records(args.out, records, args.skip)
                 pending.clear()
             rate = tokens / (time.perf_counter() - started)
             sys.stderr.write(f"\ranswered {start + answered} prompts, {rate:.1f} answer tok/s ")
