@@ -419,10 +419,11 @@ def test_continuous_batching_refills_slots_and_keeps_each_generation(
         steps.append(len(seqs))
         return step_many(self, seqs, *args, **kwargs)
 
-    def task(n: int):  # two generations, the second continuing the first's answer
+    def task(n: int):  # three generations, each continuing the one before
         record, ids = yield answers.Ask(prompts[n], limits[n])
-        _, more = yield answers.Ask(prompts[n] + ids, 2, labels=False)
-        return record, ids, more
+        again, more = yield answers.Ask(prompts[n] + ids, 2)
+        _, last = yield answers.Ask(prompts[n] + ids + more, 2, labels=False)
+        return record, ids, again, more, last
 
     reads: list[int] = []
     runner_forward = ModelRunner.forward
@@ -438,16 +439,21 @@ def test_continuous_batching_refills_slots_and_keeps_each_generation(
         done = dict(answers.run_tasks(runners, ((n, task(n)) for n in range(6)),
                                       frozenset(), top_k=4))
     assert sorted(done) == list(range(6))
+    same = torch.equal if native else lambda a, b: torch.allclose(a.float(), b.float(), atol=2e-3)
     for n, (one, one_ids) in enumerate(alone):
-        record, ids, more = done[n]
+        record, ids, again, more, last = done[n]
         assert ids == one_ids and torch.equal(record.top_probs, one.top_probs)
         assert torch.equal(record.hidden, one.hidden)
-        _, follow = answers.answer(ModelRunner(target), prompts[n] + ids, 2, frozenset(), 4)
-        assert more == follow
-    assert max(steps) == 3 and sum(steps) == sum(limits) + 6 * 2 - 12  # every row used once
+        fresh, follow = answers.answer(ModelRunner(target), prompts[n] + ids, 2, frozenset(), 4)
+        assert more == follow and again.ids.tolist() == fresh.ids.tolist()
+        assert same(again.hidden, fresh.hidden) and same(again.top_probs, fresh.top_probs)
+        _, then = answers.answer(ModelRunner(target), prompts[n] + ids + more, 2, frozenset(), 4)
+        assert last == then
+    # an ask of L tokens steps L - 1 rows (its first token comes from reading its prompt)
+    assert max(steps) == 3 and sum(steps) == sum(limits) - 6 + 2 * 6 * (2 - 1)
     assert steps[:-4].count(3) >= len(steps[:-4]) - 1  # full until the tasks run out
-    # a labelled ask reads its whole prompt; one without, what its slot's cache lacks
-    assert sorted(reads) == sorted([len(p) for p in prompts] + [1] * 6)
+    # the first ask reads its whole prompt; the later ones what their slot's cache lacks
+    assert sorted(reads) == sorted([len(p) for p in prompts] + [1] * 12)
 
 
 def test_answers_to_the_end_of_the_list_are_all_written(tiny_folder: Path, tmp_path: Path,

@@ -278,9 +278,11 @@ def run_tasks(runners: Sequence[ModelRunner], tasks: Iterable[tuple[int, Task]],
     read once per step for the whole batch. A slot whose generation ends takes its
     task's next :class:`Ask`, or the next task, before the following step: the batch
     stays full while tasks remain (a batch that waited for its longest answer ran most
-    of its steps on a few rows). An ask without labels reads only what its slot's cache
-    does not already hold of its prompt: a question drawn again, or answered, continues
-    the cache its drawing left, and the chat template's opening is read once per slot.
+    of its steps on a few rows). An ask reads only what its slot's cache does not already
+    hold of its prompt (a question drawn again, or answered, continues the cache its
+    drawing left, and the chat template's opening is read once per slot); one with labels
+    reuses the cache only where the slot's last generation kept labels too, and takes
+    theirs for the positions it keeps.
     Each generation's numbers are bit for bit those of :func:`answer` (greedy) where the
     forward runs natively, whatever runs beside it or ran before it in its slot.
     """
@@ -289,6 +291,9 @@ def run_tasks(runners: Sequence[ModelRunner], tasks: Iterable[tuple[int, Task]],
     model_forward = runners[0].model_forward
     queue = iter(tasks)
     slots: list[tuple[int, Task, _Going, bool] | None] = [None] * len(runners)
+    # per slot: the top-k ids and probabilities [L, K] of the L positions its cache holds,
+    # when its last generation kept labels (its runner then keeps their features)
+    held: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(runners)
 
     def draw(going: _Going) -> bool:
         """Add the generation's next token; whether it goes on after it."""
@@ -300,8 +305,13 @@ def run_tasks(runners: Sequence[ModelRunner], tasks: Iterable[tuple[int, Task]],
     def finish(n: int, going: _Going, labels: bool) -> Answered:
         """What a finished generation gives its task; its slot's runner now names the ids
         its cache holds (the batched steps grew the cache only)."""
-        runners[n].ids = going.ids[: len(going.cache)]
-        return going.record() if labels else (None, going.answer)
+        runner = runners[n]
+        runner.ids = going.ids[: len(going.cache)]
+        if not labels:
+            return None, going.answer
+        runner.hidden = torch.cat(going.hidden)  # [L, H]
+        held[n] = torch.cat(going.top_ids), torch.cat(going.top_probs)
+        return going.record()
 
     def settle(n: int, index: int, task: Task, sent: Answered | None
                ) -> Iterator[tuple[int, Any]]:
@@ -319,17 +329,27 @@ def run_tasks(runners: Sequence[ModelRunner], tasks: Iterable[tuple[int, Task]],
                     return
                 (index, task), sent = following, None
                 continue
-            runner, prompt = runners[n], list(ask.prompt)
-            if ask.labels:  # every position's labels: the whole prompt is read
+            runner, prompt, before = runners[n], list(ask.prompt), held[n]
+            if ask.labels and (before is None or runner.hidden is None):  # read it all
                 runner.reset()
                 runner.keep_hidden(True)
-                new, rows = prompt, len(prompt)
-            else:  # what the slot's cache holds of the prompt is kept (its last id read)
+            elif not ask.labels:
                 runner.keep_hidden(False)
-                runner.truncate(min(runner.common_prefix(prompt), len(prompt) - 1))
-                new, rows = prompt[len(runner.ids):], 1
-            top_ids, top_probs = _top(runner.forward(new, rows=rows), top_k)  # [rows, K]
-            hidden = [runner.hidden] if ask.labels and runner.hidden is not None else []
+                held[n] = before = None
+            # what the slot's cache holds of the prompt is kept (its last id read again)
+            runner.truncate(min(runner.common_prefix(prompt), len(prompt) - 1))
+            kept = len(runner.ids)
+            new = prompt[kept:]
+            top_ids, top_probs = _top(runner.forward(new, rows=len(new) if ask.labels else 1),
+                                      top_k)  # [rows, K]
+            hidden = []
+            if ask.labels:  # the kept positions' labels, then the new ones'
+                assert runner.hidden is not None
+                hidden = [runner.hidden]  # [len(prompt), H]
+                if before is not None:
+                    top_ids = torch.cat([before[0][:kept], top_ids])
+                    top_probs = torch.cat([before[1][:kept], top_probs])
+                held[n] = None  # the generation holds them now
             going = _Going(runner.cache, list(ask.prompt), [], [top_ids], [top_probs], hidden,
                            ask.generator, ask.max_tokens)
             if draw(going):
@@ -410,13 +430,14 @@ def user_turn_prefix(tokenizer: Any) -> list[int]:
 
 def question_task(start: list[int], index: int, seed: int, max_tokens: int,
                   eos_ids: frozenset[int], keep: Callable[[list[int]], bool] = lambda _: True,
-                  tries: int = 3) -> Generator[Ask, Answered, list[int]]:
+                  tries: int = 3, labels: bool = False) -> Generator[Ask, Answered, list[int]]:
     """A task (:func:`run_tasks`) that returns question ``index`` continuing ``start``, as
-    :func:`invent_questions` describes it."""
+    :func:`invent_questions` describes it. ``labels``: draw it keeping labels (unused
+    here), so that an answer with labels that follows in the slot reuses its cache."""
     question: list[int] = []
     for attempt in range(tries):
         generator = torch.Generator().manual_seed((seed * 1_000_003 + index) * 31 + attempt)
-        _, ids = yield Ask(list(start), max_tokens, generator, labels=False)
+        _, ids = yield Ask(list(start), max_tokens, generator, labels)
         question = [t for t in ids if t not in eos_ids]  # after the start
         if keep(question):
             break
@@ -610,7 +631,8 @@ def main(argv: list[str] | None = None) -> int:
             opened = tok.encode(OPENERS[index % len(OPENERS)], add_special_tokens=False)
             question = yield from question_task(
                 prefix + opened, index, args.seed, args.question_tokens, loaded.eos_ids,
-                lambda q: mostly_latin(tok.decode(q, skip_special_tokens=True)))
+                lambda q: mostly_latin(tok.decode(q, skip_special_tokens=True)),
+                labels=not args.text_only)
             kind, text = "invented", tok.decode(opened + question, skip_special_tokens=True).strip()
         else:
             kind, text = listed[index]
