@@ -343,6 +343,12 @@ def test_mostly_latin_keeps_english_and_refuses_other_scripts() -> None:
     assert not answers.mostly_latin("1234 ... ```")  # no letters at all
 
 
+def test_a_question_that_runs_to_its_limit_is_drawn_again() -> None:
+    assert answers.usable_question("How do I back up files?", 7, 160)
+    assert not answers.usable_question("How do I back up files? First, open", 160, 160)
+    assert not answers.usable_question("如何备份文件？", 5, 160)
+
+
 def test_invented_questions_are_answered_resumed_and_not_mixed(tiny_folder: Path,
                                                                tmp_path: Path) -> None:
     data = tmp_path / "invented"

@@ -11,22 +11,22 @@ hidden state and its top-``k`` next-token probabilities: the same labels
 target pass is needed. :func:`run_tasks` runs several generations together, one batched
 step per token for all of them (the weights read once for all; the same answers, bit for
 bit, where the forward runs natively), a finished generation's place taken at once by the
-next (continuous batching); :func:`answer_batch` answers a list of prompts so. The
-command appends records to ``--out`` (a
-``torch.save`` file, rewritten atomically every few answers, resumed by a rerun; with
-``--skip N`` it starts at prompt ``N``) and the conversations as JSON lines to ``--out`` +
-``.jsonl``; ``train --answers FILE`` trains on them. With ``--text-only`` only the
-conversations are written (each line names its prompt, and a rerun resumes after the last
-one): the way a cheaper model (the draft model) writes chats for teacher forcing
-(``train --conversations FILE.jsonl``), where its own labels would be of no use. With
-``--invent`` the model also writes the questions
+next (continuous batching); :func:`answer_batch` answers a list of prompts so. The command
+appends records to ``--out`` (a ``torch.save`` file, rewritten atomically every few
+answers, resumed by a rerun; with ``--skip N`` it starts at prompt ``N``) and the
+conversations as JSON lines to ``--out`` + ``.jsonl``; ``train --answers FILE`` trains on
+them. With ``--text-only`` only the conversations are written (each line names its prompt,
+and a rerun resumes after the last one): the way a cheaper model (the draft model) writes
+chats for teacher forcing (``train --conversations FILE.jsonl``), where its own labels
+would be of no use. With ``--invent`` the model also writes the questions
 (:func:`invent_questions`, after Magpie: it continues its chat template where the user's
 message begins, at temperature 1 over its top-``k``, the questions opening with the
 ``OPENERS`` in turn, each drawn again, up to three times, when it is not mostly in Latin
-letters): varied prompts that no template makes, each reproducible from ``--seed`` and
-its index. Without ``--text-only`` the target's answers to them come with their labels,
-as the listed prompts' do. Conversations finish out of order; both files hold them in
-prompt order, so a rerun resumes after the last one written.
+letters or runs to its length limit, :func:`usable_question`): varied prompts that no
+template makes, each reproducible from ``--seed`` and its index. Without ``--text-only``
+the target's answers to them come with their labels, as the listed prompts' do.
+Conversations finish out of order; both files hold them in prompt order, so a rerun
+resumes after the last one written.
 
 Why: EAGLE heads accept most on text like the target's own output (the head learns to
 predict the target, and the target's answers are what it drafts at run time); the
@@ -470,6 +470,15 @@ def mostly_latin(text: str, share: float = 0.95) -> bool:
     return bool(letters) and sum(c.isascii() for c in letters) >= share * len(letters)
 
 
+def usable_question(text: str, tokens: int, limit: int) -> bool:
+    """Whether an invented question (``tokens`` long, its end token not counted) is kept:
+    mostly in Latin letters (:func:`mostly_latin`) and ended by the model before ``limit``
+    tokens. One that runs to the limit has most often gone on into an answer of its own
+    (seen in about two of five questions the 1.5B target wrote), which the answer then
+    only continues."""
+    return tokens < limit and mostly_latin(text)
+
+
 def token_goes_on(answer: list[int], eos_ids: frozenset[int], max_tokens: int) -> bool:
     """Whether an answer ending so gets another token."""
     return answer[-1] not in eos_ids and len(answer) < max_tokens
@@ -631,7 +640,8 @@ def main(argv: list[str] | None = None) -> int:
             opened = tok.encode(OPENERS[index % len(OPENERS)], add_special_tokens=False)
             question = yield from question_task(
                 prefix + opened, index, args.seed, args.question_tokens, loaded.eos_ids,
-                lambda q: mostly_latin(tok.decode(q, skip_special_tokens=True)),
+                lambda q: usable_question(tok.decode(q, skip_special_tokens=True), len(q),
+                                          args.question_tokens),
                 labels=not args.text_only)
             kind, text = "invented", tok.decode(opened + question, skip_special_tokens=True).strip()
         else:
