@@ -460,6 +460,11 @@ def test_continuous_batching_refills_slots_and_keeps_each_generation(
     assert steps[:-4].count(3) >= len(steps[:-4]) - 1  # full until the tasks run out
     # the first ask reads its whole prompt; the later ones what their slot's cache lacks
     assert sorted(reads) == sorted([len(p) for p in prompts] + [1] * 12)
+    def empty():
+        yield answers.Ask([], 2)
+
+    with pytest.raises(ValueError, match="a prompt of at least one token"):
+        list(answers.run_tasks(runners, [(0, task(0)), (1, empty())], frozenset(), top_k=4))
 
 
 def test_answers_to_the_end_of_the_list_are_all_written(tiny_folder: Path, tmp_path: Path,

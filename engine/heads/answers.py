@@ -282,9 +282,9 @@ def run_tasks(runners: Sequence[ModelRunner], tasks: Iterable[tuple[int, Task]],
     hold of its prompt (a question drawn again, or answered, continues the cache its
     drawing left, and the chat template's opening is read once per slot); one with labels
     reuses the cache only where the slot's last generation kept labels too, and takes
-    theirs for the positions it keeps.
-    Each generation's numbers are bit for bit those of :func:`answer` (greedy) where the
-    forward runs natively, whatever runs beside it or ran before it in its slot.
+    theirs for the positions it keeps. Each generation's numbers are bit for bit those of
+    :func:`answer` (greedy) where the forward runs natively, whatever runs beside it or
+    ran before it in its slot. An ask without a prompt is a ``ValueError``.
     """
     if not runners:
         raise ValueError("generating needs at least one runner")
@@ -330,6 +330,8 @@ def run_tasks(runners: Sequence[ModelRunner], tasks: Iterable[tuple[int, Task]],
                 (index, task), sent = following, None
                 continue
             runner, prompt, before = runners[n], list(ask.prompt), held[n]
+            if not prompt:
+                raise ValueError("a generation needs a prompt of at least one token")
             if ask.labels and (before is None or runner.hidden is None):  # read it all
                 runner.reset()
                 runner.keep_hidden(True)
