@@ -352,7 +352,7 @@ def run_tasks(runners: Sequence[ModelRunner], tasks: Iterable[tuple[int, Task]],
                     top_ids = torch.cat([before[0][:kept], top_ids])
                     top_probs = torch.cat([before[1][:kept], top_probs])
                 held[n] = None  # the generation holds them now
-            going = _Going(runner.cache, list(ask.prompt), [], [top_ids], [top_probs], hidden,
+            going = _Going(runner.cache, prompt, [], [top_ids], [top_probs], hidden,
                            ask.generator, ask.max_tokens)
             if draw(going):
                 slots[n] = (index, task, going, ask.labels)
