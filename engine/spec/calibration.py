@@ -81,7 +81,10 @@ CHECK_PASSES = 7  # one-row forwards that check a cached calibration's t(1) at s
 DRIFT = 1.3  # a cached t(1) further than this from the one measured at start is redone
 MAX_ENTRIES = 8  # calibrations the cache file keeps, the most recently saved
 OBSERVED_DECAY = 0.98  # per answer, for the acceptance evidence of a method and kind
-OTHER_KINDS = 0.25  # weight of a method's evidence on other kinds of prompt
+OTHER_KINDS = 0.25  # weight of a method's evidence on other kinds of prompt, at most
+# ... and never more than this many draft tokens' worth (accepted + rejected): a prior for a
+# kind the method has little evidence of, not a weight that outgrows the kind's own
+BORROWED_DRAFTS = 8.0
 KINDS = ("code", "editing", "summary", "chat")
 VERSION = 2  # 2: t(1..16) always measured (1 could hold t(4..16) extrapolated from t(2))
 PRIORS = ASSETS / "calibration"
@@ -460,11 +463,24 @@ class Observations:
 
     def evidence(self, method: str, kind: str | None, borrowed: float = OTHER_KINDS) -> Seen:
         """The kind's own evidence (every kind's for ``None``) plus ``borrowed`` of the
-        method's other kinds."""
-        total = Seen()
+        method's other kinds, scaled down as a whole where that share would count as more
+        than :data:`BORROWED_DRAFTS` draft tokens.
+
+        Acceptance differs by kind, and adaptive drafting drafts much where it pays and
+        little where it does not, so a fixed share of the kinds where a method drafts much
+        would outweigh the evidence of a kind where it drafts little and predict that
+        kind's acceptance from the others (docs/measurements.md, 2026-12-07 21:48–). The
+        other kinds are therefore a prior of bounded strength: they decide while a kind has
+        almost no evidence of its own and hardly count once it has some."""
+        own, others = Seen(), Seen()
         for name, seen in self.seen.get(method, {}).items():
-            total = total.add(seen, 1.0 if kind in (None, name) else borrowed)
-        return total
+            if kind in (None, name):
+                own = own.add(seen)
+            else:
+                others = others.add(seen)
+        drafts = others.accepted + others.rejected
+        weight = borrowed if drafts <= BORROWED_DRAFTS else min(borrowed, BORROWED_DRAFTS / drafts)
+        return own.add(others, weight)
 
     def typical(self, kind: str | None) -> tuple[float, float]:
         """Mean new prompt tokens and answer tokens of a kind (prior: equal lengths)."""
