@@ -364,7 +364,12 @@ def test_head_rows_draft_with_the_other_head_and_give_the_engines_back(tmp_path:
         original(f)
 
     other.observe_hidden = observe  # type: ignore[method-assign]
+    recorded = bench.Recorded(engine.observations.seen, engine.observations.lengths)
+    engine.observations = recorded
     rows = bench.run_rows(engine, specs, [{"kind": "free chat", "prompt": "hello there"}])
+    assert engine.observations is recorded
+    assert "eagle" not in recorded.seen and "hybrid-eagle" not in recorded.seen
+    assert recorded.run.seen == {}  # the other head's answers are not this engine's
     assert all(r.runs[0].tokens == rows[0].runs[0].tokens for r in rows)
     assert seen and all(f is not None and f.shape[-1] == 3 * 64 for f in seen)
     assert engine.drafters["eagle"] is mine and other.branches == branches

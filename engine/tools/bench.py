@@ -755,19 +755,21 @@ def head_specs(other: Any, k: int, max_tokens: int) -> list[RowSpec]:
     """``eagle`` and ``hybrid-eagle`` rows drafting with another head (``--head FILE``),
     side by side with the engine's own: for each run it stands in for the engine's
     ``eagle`` drafter (which the hybrid finds by name), from a fresh cache, under the
-    row's own adaptive state."""
+    row's own adaptive state. What its answers show is not kept: they would count as the
+    engine's own head's acceptance, both for ``auto``'s choices in the run and in the
+    ``--observations-out`` file."""
 
     def swapped(length: DraftLength, branches: int = 0, method: str = "eagle"
                 ) -> Callable[[ChatEngine, list[int], str], Run]:
         def run(e: ChatEngine, ids: list[int], kind: str) -> Run:
-            before = e.drafters["eagle"]
-            e.drafters["eagle"] = other
+            before, observations = e.drafters["eagle"], e.observations
+            e.drafters["eagle"], e.observations = other, copy.deepcopy(observations)
             other.reset()
             try:
                 with branching(other, branches):
                     return run_ours(e, ids, kind, method, length, max_tokens)
             finally:
-                e.drafters["eagle"] = before
+                e.drafters["eagle"], e.observations = before, observations
 
         return run
 
