@@ -82,8 +82,8 @@ DRIFT = 1.3  # a cached t(1) further than this from the one measured at start is
 MAX_ENTRIES = 8  # calibrations the cache file keeps, the most recently saved
 OBSERVED_DECAY = 0.98  # per answer, for the acceptance evidence of a method and kind
 OTHER_KINDS = 0.25  # weight of a method's evidence on other kinds of prompt, at most
-# ... and never more than this many draft tokens' worth (accepted + rejected): a prior for a
-# kind the method has little evidence of, not a weight that outgrows the kind's own
+# and the most draft tokens' worth (accepted + rejected) that evidence counts as: a prior
+# for a kind the method has little evidence of, not a weight that outgrows the kind's own
 BORROWED_DRAFTS = 8.0
 KINDS = ("code", "editing", "summary", "chat")
 VERSION = 2  # 2: t(1..16) always measured (1 could hold t(4..16) extrapolated from t(2))
