@@ -12,7 +12,7 @@ from engine.cpu.layers import Int8Linear
 from engine.cpu.quantize import accelerate, model_bytes
 from engine.heads.files import HeadInfo, save_head
 from engine.heads.model import EagleHead, HeadConfig
-from engine.spec.calibration import Seen
+from engine.spec.calibration import Calibration, Seen
 from engine.spec.drafters.eagle import eagle_for
 from engine.spec.runner import ModelRunner
 from engine.spec.session import ChatEngine
@@ -366,8 +366,11 @@ def test_head_rows_draft_with_the_other_head_and_give_the_engines_back(tmp_path:
     other.observe_hidden = observe  # type: ignore[method-assign]
     recorded = bench.Recorded(engine.observations.seen, engine.observations.lengths)
     engine.observations = recorded
+    steps = {"eagle": 0.05, "hybrid-eagle": 0.01}
+    engine.calibration = Calibration("k", 0.05, {2: 1.1}, steps)
     rows = bench.run_rows(engine, specs, [{"kind": "free chat", "prompt": "hello there"}])
     assert engine.observations is recorded
+    assert engine.calibration is not None and engine.calibration.step == steps
     assert "eagle" not in recorded.seen and "hybrid-eagle" not in recorded.seen
     assert recorded.run.seen == {}  # the other head's answers are not this engine's
     assert all(r.runs[0].tokens == rows[0].runs[0].tokens for r in rows)

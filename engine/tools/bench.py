@@ -755,21 +755,21 @@ def head_specs(other: Any, k: int, max_tokens: int) -> list[RowSpec]:
     """``eagle`` and ``hybrid-eagle`` rows drafting with another head (``--head FILE``),
     side by side with the engine's own: for each run it stands in for the engine's
     ``eagle`` drafter (which the hybrid finds by name), from a fresh cache, under the
-    row's own adaptive state. What its answers show is not kept: they would count as the
-    engine's own head's acceptance, both for ``auto``'s choices in the run and in the
-    ``--observations-out`` file."""
+    row's own adaptive state. What its answers show is not kept (:func:`unlearned`): their
+    acceptance and draft step would count as the engine's own head's, both for ``auto``'s
+    choices in the run and in the ``--observations-out`` file."""
 
     def swapped(length: DraftLength, branches: int = 0, method: str = "eagle"
                 ) -> Callable[[ChatEngine, list[int], str], Run]:
         def run(e: ChatEngine, ids: list[int], kind: str) -> Run:
-            before, observations = e.drafters["eagle"], e.observations
-            e.drafters["eagle"], e.observations = other, copy.deepcopy(observations)
+            before = e.drafters["eagle"]
+            e.drafters["eagle"] = other
             other.reset()
             try:
-                with branching(other, branches):
+                with unlearned(e), branching(other, branches):
                     return run_ours(e, ids, kind, method, length, max_tokens)
             finally:
-                e.drafters["eagle"], e.observations = before, observations
+                e.drafters["eagle"] = before
 
         return run
 
@@ -778,6 +778,18 @@ def head_specs(other: Any, k: int, max_tokens: int) -> list[RowSpec]:
             (f"eagle adaptive [{name}]", swapped(ADAPTIVE)),
             (f"eagle tree k={k} [{name}]", swapped(k, TREE_BRANCHES)),
             (f"hybrid-eagle adaptive [{name}]", swapped(ADAPTIVE, method="hybrid-eagle"))]
+
+
+@contextmanager
+def unlearned(engine: ChatEngine) -> Iterator[None]:
+    """Answers whose figures the engine forgets afterwards: its observations (what ``auto``
+    chooses from and ``--observations-out`` writes) and its calibration are as before."""
+    observations, calibration = engine.observations, engine.calibration
+    engine.observations = copy.deepcopy(observations)
+    try:
+        yield
+    finally:
+        engine.observations, engine.calibration = observations, calibration
 
 
 @contextmanager
@@ -811,12 +823,10 @@ def run_rows(engine: ChatEngine, specs: list[RowSpec], prompts: list[dict[str, s
     rows, states = [Row(name) for name, _ in specs], [RowState() for _ in specs]
     # warm-ups (and lazy loads), not measured and not learnt from: a first call's timings
     # and a 32-token prompt's answers are not what auto should start the run from
-    observations, calibration = engine.observations, engine.calibration
-    engine.observations = copy.deepcopy(observations)  # what the warm-ups learn is dropped
-    for _, fn in specs:
-        enter(engine, RowState())
-        fn(engine, encoded[0][1][:32], encoded[0][0])
-    engine.observations, engine.calibration = observations, calibration
+    with unlearned(engine):
+        for _, fn in specs:
+            enter(engine, RowState())
+            fn(engine, encoded[0][1][:32], encoded[0][0])
     for i, (kind, ids) in enumerate(encoded):
         for r in rotation(len(specs), i):
             enter(engine, states[r])
