@@ -244,6 +244,23 @@ def test_a_drafter_that_stops_paying_is_switched_off_within_four_passes(history:
     assert max(gammas) >= (1 if history == 0 else 2)  # it did draft before switching off
 
 
+def test_a_few_misses_in_a_row_do_not_switch_off_a_drafter_that_keeps_half() -> None:
+    # a head on a machine where rows are cheap: its first draft is kept every other pass,
+    # and three misses in a row (one chance in eight at that rate) are no reason to stop
+    policy = DraftPolicy.calibrated(1.0, {k: 1 + 0.14 * (k - 1) for k in range(2, 10)}, 0.07)
+    outcomes = [True, False] * 20 + [False, False, False] + [True, False] * 4
+    gammas = []
+    for kept in outcomes:
+        gamma = policy.next_gamma(room=10_000)
+        gammas.append(gamma)
+        if gamma:
+            policy.update(gamma, 1 if kept else 0, 0.07 * gamma, 1 + 0.14 * gamma)
+        else:
+            policy.update(0, 0, 0.0, 1.0)
+    assert all(g > 0 for g in gammas), gammas
+    assert policy.missed_run == 1
+
+
 @pytest.mark.parametrize("catch_up_cost", [0.0, 0.005, 0.05])
 def test_probing_a_drafter_that_never_pays_costs_under_two_percent(
         catch_up_cost: float) -> None:

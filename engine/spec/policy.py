@@ -47,9 +47,15 @@ given to the others is neither a switch-off nor timed.
 
 Bounded switch-off and probing: besides the slow acceptance estimate (``DECAY``), a fast
 one (``FAST_DECAY``, about the last two passes) is kept, and drafting switches off as
-soon as either predicts plain decoding faster. So a drafter whose drafts all stop being
+soon as the slow one predicts plain decoding faster, or the fast one does after a run of
+passes that kept no draft which the slow estimate makes unlikely (chance
+``(1 - alpha) ** run`` below ``FAST_EVIDENCE``). So a drafter whose drafts all stop being
 accepted is switched off within a few passes whatever its history (the evidence of the
-fast estimate is bounded by ``max_gamma / (1 - FAST_DECAY)`` tokens). A probe after a
+fast estimate is bounded by ``max_gamma / (1 - FAST_DECAY)`` tokens), while one that keeps
+about half its first drafts, as a head or a draft model does on prose, is not switched
+off by the two or three misses in a row that such a drafter shows every few dozen passes
+(a cool-down and one failed probe would then keep it off for the rest of the answer,
+where drafting on paid: see the replay in docs/measurements.md). A probe after a
 cool-down drafts the length the costs pick at an acceptance of at least the prior (at
 least one token); its cost beyond what plain decoding would have taken for the tokens it
 produced is measured, and the next cool-down lasts at least that excess divided by
@@ -82,6 +88,9 @@ from dataclasses import dataclass, field
 DECAY = 0.85  # weight of the past in the running estimates, per pass
 PRIOR_SLOPE = 0.15  # assumed extra cost per extra verified token, relative to t(1)
 FAST_DECAY = 0.5  # the same for the fast estimate that switches drafting off quickly
+# The fast estimate switches drafting off only after a run of passes that kept no draft
+# whose chance, were the slow estimate's acceptance still true, is below this.
+FAST_EVIDENCE = 0.05
 MIN_COOLDOWN, MAX_COOLDOWN = 4, 64
 CARRY = 0.6  # share of the acceptance evidence a new answer keeps from the earlier ones
 # weight of a t(k) / t(1) measured right after a plain pass, against the running ratio
@@ -227,6 +236,7 @@ class DraftPolicy:
     last_asked: int = 0
     fast_accepted: float = 0.0  # the fast estimate's evidence (FAST_DECAY)
     fast_rejected: float = 0.0
+    missed_run: int = 0  # draft passes in a row that kept no draft
     probing: bool = False  # the pass being run is a probe
     min_cooldown: int = 0  # the cool-down that keeps probing within PROBE_SHARE (passes)
     others: int = 0  # answers sharing the coming pass (set by the loop; 0 when alone)
@@ -274,6 +284,7 @@ class DraftPolicy:
         self.rejected *= CARRY
         self.fast_accepted *= CARRY
         self.fast_rejected *= CARRY
+        self.missed_run = 0
         self.cooldown, self.next_cooldown, self.off_passes = 0, MIN_COOLDOWN, 0
         self.probe = self.probing = False
         self.min_cooldown = 0
@@ -292,6 +303,12 @@ class DraftPolicy:
         a = self.fast_accepted + self.alpha_prior
         r = self.fast_rejected + (1 - self.alpha_prior)
         return a / (a + r)
+
+    @property
+    def run_unlikely(self) -> bool:
+        """Whether the passes in a row that kept no draft are too many for the slow
+        estimate's acceptance (each pass's first draft rejected, ``1 - alpha``)."""
+        return self.missed_run > 0 and (1 - self.alpha) ** self.missed_run < FAST_EVIDENCE
 
     def verify_cost(self, k: int) -> float:
         """Cost of a target forward over ``k`` tokens: ``t(1)`` times the measured (or
@@ -350,8 +367,8 @@ class DraftPolicy:
         if self.t1 is None:
             return 0  # one plain pass measures t(1), the cost to beat
         gamma = choose_gamma(self.alpha, self.draft_cost, self.verify_cost, limit, fill)
-        if gamma and not choose_gamma(self.fast_alpha, self.draft_cost, self.verify_cost,
-                                      limit, fill):
+        if gamma and self.run_unlikely and not choose_gamma(
+                self.fast_alpha, self.draft_cost, self.verify_cost, limit, fill):
             gamma = 0  # the last passes say drafting stopped paying
         if gamma and self.others:
             # under load the pass's rows may yield more as other answers' rows: no
@@ -437,6 +454,7 @@ class DraftPolicy:
         self.rejected = DECAY * self.rejected + missed
         self.fast_accepted = FAST_DECAY * self.fast_accepted + accepted
         self.fast_rejected = FAST_DECAY * self.fast_rejected + missed
+        self.missed_run = self.missed_run + 1 if accepted == 0 else 0
         if accepted == drafted:
             self.next_cooldown = MIN_COOLDOWN
             self.min_cooldown = 0
