@@ -15,6 +15,9 @@ from engine.spec.policy import DraftPolicy, PartPolicies
 from engine.spec.runner import ModelRunner
 from engine.spec.sampling import SamplingParams
 from engine.tools.replay import (
+    HEAD_DEPTH,
+    LOOKUP,
+    MODEL,
     Case,
     HeadTrace,
     Method,
@@ -22,6 +25,7 @@ from engine.tools.replay import (
     head_trace,
     interpolate,
     measure_costs,
+    methods,
     model_chain,
     predict,
     replay,
@@ -198,3 +202,20 @@ def test_a_head_catches_up_on_every_token_of_the_last_pass() -> None:
     units, _ = replay(case, Trace(answer, [1.0] * len(answer), 0.0),
                       Method("draft", 4, model="draft"), flat, fed)
     assert units == (1 + 3) + 3 * (2 + 3) + 4 - 1  # a draft model reads two a pass
+
+
+def test_each_adaptive_method_gets_its_drafters_policies_from_the_factory() -> None:
+    made: list[tuple[str, int]] = []
+
+    def policy(drafter: str, max_gamma: int) -> DraftPolicy:
+        made.append((drafter, max_gamma))
+        return DraftPolicy.calibrated(1.0, {2: 1.1}, 0.05 * len(made), max_gamma)
+
+    by_name = {m.name: m for m in methods([0.8], [0.3], policy)}
+    hybrid = by_name["hybrid-eagle adaptive min_conf=0.3"].policy
+    assert isinstance(hybrid, PartPolicies)
+    assert hybrid.select(LOOKUP).max_gamma == 8
+    assert hybrid.select(MODEL).max_gamma == HEAD_DEPTH
+    assert by_name["draft adaptive min_conf=0.8"].policy.draft_cost is not None
+    assert sorted(set(made)) == [("draft", 8), ("eagle", HEAD_DEPTH), ("ngram", 8),
+                                 ("suffix", 8)]

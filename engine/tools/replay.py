@@ -26,6 +26,10 @@ come from :func:`engine.spec.calibration.measure`. Times are in units of ``t(1)`
 scaled, per prompt, by the recorded plain generation time per token; the recorded time
 to the first token is kept, and the model's prompt processing is added before its first
 draft, as the engine reads it (an answer it never drafts for does not pay for it).
+The adaptive methods' policies start from these costs, each drafter's step and reading as
+:func:`engine.spec.calibration.measure` gives them, as the worker's calibrated policies do
+(:meth:`engine.spec.policy.DraftPolicy.calibrated`); each method keeps one policy over
+all the prompts, where the worker keeps one per kind of prompt.
 """
 
 import argparse
@@ -315,27 +319,38 @@ def load_cases(engine: ChatEngine, results: dict[str, Any]) -> list[Case]:
     return cases
 
 
-def methods(min_confidences: Sequence[float], head_confidences: Sequence[float] = ()
-            ) -> list[Method]:
+def fresh(drafter: str, max_gamma: int) -> DraftPolicy:
+    """A policy that measures every cost itself (no calibration)."""
+    del drafter
+    return DraftPolicy(max_gamma=max_gamma)
+
+
+def methods(min_confidences: Sequence[float], head_confidences: Sequence[float] = (),
+            policy: Callable[[str, int], DraftPolicy] = fresh) -> list[Method]:
     """The settings replayed: the lookups, the draft model and its hybrid at each of
     ``min_confidences``, and the head alone and after the suffix lookup at each of
-    ``head_confidences``."""
+    ``head_confidences``. ``policy(drafter, max_gamma)`` makes each adaptive method's
+    policy (one per part for a hybrid), as the worker does from its calibration."""
+
+    def parts(lookup_name: str, model: str, depth: int) -> PartPolicies:
+        return PartPolicies({LOOKUP: policy(lookup_name, 8), MODEL: policy(model, depth)})
+
     out = [Method(f"ngram k={k}", k, lookup="ngram") for k in (3, 4)]
-    out.append(Method("ngram adaptive", None, lookup="ngram"))
-    out.append(Method("suffix adaptive", None, lookup="suffix"))
+    out.append(Method("ngram adaptive", None, lookup="ngram", policy=policy("ngram", 8)))
+    out.append(Method("suffix adaptive", None, lookup="suffix", policy=policy("suffix", 8)))
     for c in min_confidences:
         out += [Method(f"draft k=4 min_conf={c}", 4, model="draft", min_confidence=c),
-                Method(f"draft adaptive min_conf={c}", None, model="draft", min_confidence=c),
+                Method(f"draft adaptive min_conf={c}", None, model="draft", min_confidence=c,
+                       policy=policy("draft", 8)),
                 Method(f"hybrid adaptive min_conf={c}", None, lookup="suffix", model="draft",
-                       min_confidence=c)]
-    for c in head_confidences:
-        head = DraftPolicy(max_gamma=HEAD_DEPTH)  # a head's chains are traced this deep
+                       min_confidence=c, policy=parts("suffix", "draft", 8))]
+    for c in head_confidences:  # a head's chains are traced HEAD_DEPTH deep
         out += [Method(f"eagle k=4 min_conf={c}", 4, model="eagle", min_confidence=c),
                 Method(f"eagle adaptive min_conf={c}", None, model="eagle", min_confidence=c,
-                       policy=DraftPolicy(max_gamma=HEAD_DEPTH)),
+                       policy=policy("eagle", HEAD_DEPTH)),
                 Method(f"hybrid-eagle adaptive min_conf={c}", None, lookup="suffix",
                        model="eagle", min_confidence=c,
-                       policy=PartPolicies({LOOKUP: DraftPolicy(), MODEL: head}))]
+                       policy=parts("suffix", "eagle", HEAD_DEPTH))]
     return out
 
 
@@ -380,18 +395,27 @@ def main(argv: list[str] | None = None) -> int:
     traces: dict[str, list[Trace]] = {}
     if runner is not None:
         traces["draft"] = [trace(runner, case) for case in cases]
+    step, read = drafter_costs(engine.target.model, {
+        name: d for name, d in engine.drafters.items() if name in ("ngram", "suffix", "draft",
+                                                                    "eagle")})
     note = ""
     if isinstance(head, EagleDrafter):
-        step, read = head_costs(engine.target.model, head)
-        costs["eagle"] = interpolate({1: step, 64: step + 63 * read})  # catch-ups read rows
-        traces["eagle"] = [head_trace(head, engine.target.model, case, HEAD_DEPTH, read)
-                           for case in cases]
+        costs["eagle"] = interpolate({1: step["eagle"], 64: step["eagle"] + 63 * read["eagle"]})
+        traces["eagle"] = [head_trace(head, engine.target.model, case, HEAD_DEPTH,
+                                      read["eagle"]) for case in cases]
         note = (f"; the head ({head.info.get('file')}, {head.info.get('kind')}): a step "
-                f"{step:.3f}, a prompt token {read:.4f}")
+                f"{step['eagle']:.3f}, a prompt token {read['eagle']:.4f}")
+
+    def policy(drafter: str, max_gamma: int) -> DraftPolicy:  # as the worker's calibration
+        ratios = {k: t(k) for k in range(2, max_gamma + 2)}
+        return DraftPolicy.calibrated(1.0, ratios, step.get(drafter), max_gamma,
+                                      read.get(drafter))
+
     no_trace = [Trace([], [], 0.0)] * len(cases)
     rows = [(m.name, predict(cases, traces.get(m.model or "", no_trace), m, t,
                              costs.get(m.model or "", costs["draft"])))
-            for m in methods(wanted, head_wanted) if not m.model or m.model in traces]
+            for m in methods(wanted, head_wanted, policy)
+            if not m.model or m.model in traces]
     sys.stdout.write(
         f"Costs measured now (t(1) = {target_s[1] * 1e3:.0f} ms): t(k)/t(1) "
         + ", ".join(f"{k}: {t(k):.2f}" for k in sorted(target_s))
@@ -403,17 +427,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def head_costs(target: Any, head: EagleDrafter) -> tuple[float, float]:
-    """The head's draft step and its reading of a prompt token, in ``t(1)``, as the
-    worker's calibration measures them (:func:`engine.spec.calibration.measure`)."""
-    slices = calibration.measure(target, {"eagle": head}, "replay")
+def drafter_costs(target: Any, drafters: dict[str, Any]
+                  ) -> tuple[dict[str, float], dict[str, float]]:
+    """Each drafter's step and its reading of a prompt token (where it reads one), in
+    ``t(1)``, as the worker's calibration measures them
+    (:func:`engine.spec.calibration.measure`)."""
+    slices = calibration.measure(target, drafters, "replay")
     while True:
         try:
             next(slices)
         except StopIteration as done:
             measured: calibration.Calibration = done.value
             break
-    return measured.step["eagle"], measured.read["eagle"]
+    return dict(measured.step), dict(measured.read)
 
 
 if __name__ == "__main__":
