@@ -303,6 +303,18 @@ def test_the_cooldown_spreads_a_known_reading_and_the_call_overhead_apart() -> N
     assert wait == pytest.approx(fixed / (PROBE_SHARE - 0.005), abs=1)
 
 
+def test_a_probe_the_machine_stalled_does_not_lengthen_the_cool_down() -> None:
+    waits = []
+    for verify_s in (1.2, 3.6):  # the same probe, its pass stalled three times as long
+        policy = DraftPolicy.calibrated(1.0, {2: 1.2, 3: 1.4}, 0.05, max_gamma=2)
+        policy.read_share = 0.004
+        policy.probing = True
+        policy.update(1, 0, 0.05 + 0.004 * 8, verify_s, catch_up=9)
+        waits.append(policy.min_cooldown)
+    assert waits[0] > 0
+    assert waits[1] <= 1.25 * waits[0], waits
+
+
 def test_a_ratio_measured_right_after_a_plain_pass_weighs_more() -> None:
     policy = DraftPolicy.calibrated(1.0, {2: 1.0}, 0.05)
     for _ in range(10):  # a slow spell during a stretch of drafting: read as dearer rows

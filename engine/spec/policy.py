@@ -45,31 +45,32 @@ the whole pass's tokens per second (:func:`choose_gamma`), so the rows go to dra
 one user when the machine is idle and to the other users' rows when it is busy. A pass
 given to the others is neither a switch-off nor timed.
 
-Bounded switch-off and probing: besides the slow acceptance estimate (``DECAY``), a fast
-one (``FAST_DECAY``, about the last two passes) is kept, and drafting switches off as
-soon as the slow one predicts plain decoding faster, or the fast one does after a run of
-passes that kept no draft which the slow estimate makes unlikely (chance
-``(1 - alpha) ** run`` below ``FAST_EVIDENCE``). So a drafter whose drafts all stop being
-accepted is switched off within a few passes whatever its history (the evidence of the
-fast estimate is bounded by ``max_gamma / (1 - FAST_DECAY)`` tokens), while one that keeps
-about half its first drafts, as a head or a draft model does on prose, is not switched
-off by the two or three misses in a row that such a drafter shows every few dozen passes
-(a cool-down and one failed probe would then keep it off for the rest of the answer,
-where drafting on paid: see the replay in docs/measurements.md). A probe after a
-cool-down drafts the length the costs pick at an acceptance of at least the prior (at
-least one token); its cost beyond what plain decoding would have taken for the tokens it
-produced is measured, and the next cool-down lasts at least that excess divided by
-``PROBE_SHARE`` plain passes (:func:`probe_cooldown`), so the probes of a drafter that
-never pays cost at most ``PROBE_SHARE`` of plain decoding's time over a long answer; a
-model drafter whose reading of the skipped text alone costs more is not probed again
-until the next answer. Where the calibration measured that reading per token over a
-long context, the policy takes it from there (one short catch-up, with its call's
-overhead spread over a few tokens or slowed by the machine, reads dearer per token), so
-one probe does not end probing for a drafter whose reading is cheap. A probe is not made
-at all while not even drafts that were all accepted would pay at the measured costs
-(:func:`choose_gamma` at ``alpha = 1``): the cool-down goes on, and the decoding loop, which
-has a drafter read the prompt only before its first draft, never has it read (a draft
-model on a machine where extra verified rows are dear costs plain decoding nothing).
+Bounded switch-off and probing: besides the slow acceptance estimate (``DECAY``), a fast one
+(``FAST_DECAY``, about the last two passes) is kept, and drafting switches off as soon as
+the slow one predicts plain decoding faster, or the fast one does after a run of passes that
+kept no draft which the slow estimate makes unlikely (chance ``(1 - alpha) ** run`` below
+``FAST_EVIDENCE``). So a drafter whose drafts all stop being accepted is switched off within
+a few passes whatever its history (the evidence of the fast estimate is bounded by
+``max_gamma / (1 - FAST_DECAY)`` tokens), while one that keeps about half its first drafts,
+as a head or a draft model does on prose, is not switched off by the two or three misses in
+a row that such a drafter shows every few dozen passes (a cool-down and one failed probe
+would then keep it off for the rest of the answer, where drafting on paid: see the replay in
+docs/measurements.md). A probe after a cool-down drafts the length the costs pick at an
+acceptance of at least the prior (at least one token); its cost beyond what plain decoding
+would have taken for the tokens it produced is measured (its drafting as timed, its
+verification at the running ``t(k)``, so that one pass the machine stalled does not read as
+a dear probe), and the next cool-down lasts at least that excess divided by ``PROBE_SHARE``
+plain passes (:func:`probe_cooldown`), so the probes of a drafter that never pays cost at
+most ``PROBE_SHARE`` of plain decoding's time over a long answer; a model drafter whose
+reading of the skipped text alone costs more is not probed again until the next answer.
+Where the calibration measured that reading per token over a long context, the policy takes
+it from there (one short catch-up, with its call's overhead spread over a few tokens or
+slowed by the machine, reads dearer per token), so one probe does not end probing for a
+drafter whose reading is cheap. A probe is not made at all while not even drafts that were
+all accepted would pay at the measured costs (:func:`choose_gamma` at ``alpha = 1``): the
+cool-down goes on, and the decoding loop, which has a drafter read the prompt only before
+its first draft, never has it read (a draft model on a machine where extra verified rows are
+dear costs plain decoding nothing).
 
 A drafter made of parts (the hybrid: a lookup where it finds one, else a model) gets a
 :class:`PartPolicies`: one :class:`DraftPolicy` per part, so each part has its own
@@ -433,8 +434,12 @@ class DraftPolicy:
             self.t1_fresh = False
         last_yield, self.last_yield = self.last_yield, accepted + 1
         if self.probing and self.t1 is not None and drafted > 0:
+            # the probe's verification at the running t(k), this pass's time folded in: one
+            # pass the shared machine stalled would otherwise read as a probe many times
+            # dearer, and stop probing for a long stretch of an answer where drafting pays
             self.min_cooldown = probe_cooldown(self.t1, self.draft_cost or 0.0, drafted,
-                                               accepted, draft_s, verify_s, catch_up,
+                                               accepted, draft_s,
+                                               self.verify_cost(drafted + 1), catch_up,
                                                None if self.read_share is None
                                                else self.read_share * self.t1)
         self.probing = False
